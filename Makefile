@@ -1,0 +1,108 @@
+# Two commands on a fresh machine: `make book` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# force: the book build executes every chapter; off: render the outputs already
+# in the notebooks (CI executes them once, with nbmake, and renders those).
+EXECUTE ?= force
+# NB_OVERWRITE=1 makes nbmake write the executed outputs into book/ (CI clones only).
+NB_OVERWRITE ?=
+NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 $(if $(NB_OVERWRITE),--overwrite,)
+# The folder `make book` builds from: `.` (book/ itself) or a copy of the sources.
+BOOK_SRC ?= .
+# Where `make test` executes the chapters and renders them from: book/ itself with
+# NB_OVERWRITE=1, otherwise a copy, so that book/ stays free of outputs. Either way
+# each chapter executes once.
+EXECUTED := $(if $(NB_OVERWRITE),.,_build/executed)
+# require.js, the widget manager and MathJax, served by the book itself (see _config.yml).
+BOOK_JS := _build/book-js/_vendor/VERSIONS.json
+# Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890".
+LAB_ARGS ?=
+
+.PHONY: help install book book-js test test-package test-notebooks render linkcheck \
+	test-browser test-lab lab bench gpu-check clean
+
+help:
+	@echo "make book        install (into $(VENV)) and build the HTML book in _build/html"
+	@echo "make test        install; package tests, every chapter once, the rendered book"
+	@echo "                 (links, then every page in headless Chromium; screenshots in"
+	@echo "                 _build/screenshots)"
+	@echo "make lab         open the chapters in JupyterLab"
+	@echo "make bench       run every benchmark suite (quick mode)"
+	@echo "make gpu-check   on a GPU machine: every chapter and benchmark with CUDA"
+	@echo "make test-lab    execute every chapter through a JupyterLab kernel"
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(BOOK_JS): tools/fetch_book_js.py | $(STAMP)
+	$(PY) tools/fetch_book_js.py _build/book-js
+
+book-js: $(BOOK_JS)
+
+book: $(STAMP) $(BOOK_JS)
+	rm -rf _build/.jupyter_cache
+	@test -f $(BOOK_SRC)/_toc.yml || { echo "error: no _toc.yml in $(BOOK_SRC) (run make test-notebooks first)" >&2; exit 1; }
+	sed 's/execute_notebooks: force/execute_notebooks: "$(EXECUTE)"/' _config.yml > _build/build_config.yml
+	$(VENV)/bin/jupyter-book build $(BOOK_SRC) --path-output . -W -n --keep-going \
+	  --config _build/build_config.yml
+	@echo "The book is in _build/html/index.html"
+
+# One step after another, so that `make -j test` keeps the order.
+test: $(STAMP)
+	$(MAKE) --no-print-directory test-package
+	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory render
+	$(MAKE) --no-print-directory linkcheck
+	$(MAKE) --no-print-directory test-browser
+
+test-package: $(STAMP)
+	$(PY) -m pytest tests --ignore=tests/browser
+
+ifeq ($(NB_OVERWRITE),)
+test-notebooks: $(STAMP) $(BOOK_JS)
+	$(PY) tools/mirror_book.py $(EXECUTED)
+	$(PY) -m pytest $(NBMAKE_FLAGS) --overwrite $(EXECUTED)/book
+else
+test-notebooks: $(STAMP)
+	$(PY) -m pytest $(NBMAKE_FLAGS) book
+endif
+
+# The HTML of the notebooks that test-notebooks executed, without executing them again.
+render:
+	$(MAKE) --no-print-directory book EXECUTE=off BOOK_SRC=$(EXECUTED)
+
+# Links inside the book (external links are listed in linkcheck_ignore).
+linkcheck: $(STAMP) $(BOOK_JS)
+	rm -rf _build/linkcheck
+	sed 's/execute_notebooks: force/execute_notebooks: "off"/' _config.yml > _build/linkcheck_config.yml
+	$(VENV)/bin/jupyter-book build . --builder linkcheck --path-output _build/linkcheck \
+	  -W --keep-going --config _build/linkcheck_config.yml
+
+# Every page of the built book in headless Chromium (needs `make book` or `make render`).
+test-browser: $(STAMP)
+	$(PY) -m pytest tests/browser
+
+# Every chapter through a JupyterLab kernel, as a reader runs it (not part of `make test`:
+# test-notebooks already executes each chapter with the same kernel).
+test-lab: $(STAMP)
+	DDPGUIDE_LAB_CHAPTERS=1 $(PY) -m pytest tests/test_lab_execution.py
+
+lab: $(STAMP)
+	$(PY) tools/lab.py $(LAB_ARGS)
+
+bench: $(STAMP)
+	mkdir -p bench-results
+	$(PY) -m ddpguide.bench all --quick --json bench-results/all.json
+
+gpu-check: $(STAMP)
+	$(PY) tools/gpu_check.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,1 @@
+"""ddpguide: the companion package of the book."""

@@ -1,0 +1,18 @@
+"""Benchmarks: ``python -m ddpguide.bench SUITE [--quick] [--json FILE]``.
+
+Each suite measures its cases side by side in one run and reports ratios, so
+that a noisy machine affects both sides of a comparison alike. A suite is a
+module ``ddpguide.bench.<name>`` with a function ``run(quick: bool) -> Report``.
+"""
+
+from .report import Measurement, Report, machine_info
+
+SUITES = {
+    "ddp": "DDP overhead and scaling (chapter 1)",
+    "allreduce": "hand-written ring all-reduce vs gloo (chapter 0)",
+    "elastic": "elastic recovery times (chapter 3)",
+    "pipeline": "model and pipeline parallelism (chapter 4)",
+    "amp": "mixed precision step time and memory (chapter 6)",
+}
+
+__all__ = ["Measurement", "Report", "SUITES", "machine_info"]

@@ -1,0 +1,108 @@
+"""The shape every benchmark suite reports: measurements, ratios, the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on."""
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+    }
+    with_name = Path("/proc/cpuinfo")
+    if with_name.exists():
+        for line in with_name.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    return info
+
+
+@dataclass
+class Measurement:
+    """One case of a suite: a name, a value with its unit, and free-form details."""
+
+    name: str
+    value: float
+    unit: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """A suite's result: what :func:`write_json` saves and :meth:`table` prints."""
+
+    suite: str
+    measurements: list[Measurement] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    machine: dict = field(default_factory=machine_info)
+
+    def add(self, name: str, value: float, unit: str, **details) -> Measurement:
+        m = Measurement(name, float(value), unit, details)
+        self.measurements.append(m)
+        return m
+
+    def get(self, name: str) -> Measurement:
+        for m in self.measurements:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def table(self) -> str:
+        width = max([len(m.name) for m in self.measurements] + [len(k) for k in self.ratios] + [10])
+        lines = [f"suite: {self.suite}", "-" * (width + 24)]
+        for m in self.measurements:
+            lines.append(f"{m.name:<{width}}  {m.value:>12.4g} {m.unit}")
+        if self.ratios:
+            lines.append("-" * (width + 24))
+            for name, value in self.ratios.items():
+                lines.append(f"{name:<{width}}  {value:>12.3f}")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "suite": self.suite,
+            "machine": self.machine,
+            "measurements": [asdict(m) for m in self.measurements],
+            "ratios": self.ratios,
+            "notes": self.notes,
+        }
+
+    def write_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` in seconds over ``repeats`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# Both sides of a comparison run with the same allocator settings: glibc's default
+# thresholds cause thousands of page faults per training step on CPU.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}

@@ -1,0 +1,78 @@
+import os
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import spawn_workers
+from ddpguide.launch import SpawnTimeout, WorkerError, spawn
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_rank_returns_its_result(world_size, capsys):
+    results = spawn(spawn_workers.report, world_size, timeout=60)
+    assert [r["rank"] for r in results] == list(range(world_size))
+    assert all(r["world_size"] == world_size and r["env_rank"] == r["rank"] for r in results)
+    assert all(r["sum_of_ranks"] == sum(range(world_size)) for r in results)
+    # each rank gets its share of the cores, not all of them
+    assert all(r["threads"] == max(1, (os.cpu_count() or 1) // world_size) for r in results)
+    assert len({r["pid"] for r in results}) == world_size
+    for r in results:
+        assert not psutil.pid_exists(r["pid"]) or psutil.Process(r["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(60)
+def test_failing_rank_raises_with_its_own_traceback_and_stops_the_others():
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(spawn_workers.fail_on_rank, 2, 1, timeout=40, collective_timeout=30)
+    elapsed = time.monotonic() - start
+    assert info.value.rank == 1 and info.value.exitcode == 1
+    assert "ValueError: rank 1 refuses to train" in str(info.value)
+    assert "spawn_workers.py" in info.value.details  # the rank's own frame, not the launcher's
+    assert elapsed < 20, "the healthy rank must be stopped, not left to time out"
+
+
+@pytest.mark.timeout(60)
+def test_hanging_ranks_are_stopped_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(SpawnTimeout, match=r"ranks \[0, 1\] did not finish within 3 s"):
+        spawn(spawn_workers.sleep_forever, 2, timeout=3)
+    assert time.monotonic() - start < 15
+
+
+@pytest.mark.timeout(60)
+def test_mismatched_collective_fails_within_the_collective_timeout():
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        spawn(spawn_workers.skip_a_collective, 2, timeout=45, collective_timeout=3)
+    assert info.value.rank == 0
+    assert "Timed out" in info.value.details or "timeout" in info.value.details.lower()
+    assert time.monotonic() - start < 25
+
+
+@pytest.mark.timeout(60)
+def test_worker_the_children_cannot_import_reports_the_real_error(tmp_path, monkeypatch):
+    # Like a function defined in a notebook: the parent can call it, the children
+    # cannot find it. The child's own error text must reach the caller.
+    (tmp_path / "parent_only.py").write_text(textwrap.dedent("""
+        def work():
+            return 1
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import parent_only
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    with pytest.raises(WorkerError) as info:
+        spawn(parent_only.work, 2, timeout=40)
+    assert "No module named 'parent_only'" in info.value.details
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
+        spawn(spawn_workers.report, 0)
+    with pytest.raises(ValueError, match="timeout and collective_timeout must be positive"):
+        spawn(spawn_workers.report, 2, timeout=0)
