@@ -12,9 +12,9 @@ NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 $(if $(NB_OVERWRITE),--overwrite,)
 # The folder `make book` builds from: `.` (book/ itself) or a copy of the sources.
 BOOK_SRC ?= .
 # Where `make test` executes the chapters and renders them from: book/ itself with
-# NB_OVERWRITE=1, otherwise a copy, so that book/ stays free of outputs. Either way
-# each chapter executes once.
-EXECUTED := $(if $(NB_OVERWRITE),.,_build/executed)
+# NB_OVERWRITE=1, otherwise a copy of the sources in _executed/ (tools/mirror_book.py),
+# so that book/ stays free of outputs. Either way each chapter executes once.
+EXECUTED := $(if $(NB_OVERWRITE),.,_executed)
 # require.js, the widget manager and MathJax, served by the book itself (see _config.yml).
 BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890".
@@ -41,13 +41,15 @@ $(STAMP): requirements.txt pyproject.toml
 
 install: $(STAMP)
 
-$(BOOK_JS): tools/fetch_book_js.py | $(STAMP)
+$(BOOK_JS): tools/fetch_book_js.py tools/widget_setup.js | $(STAMP)
 	$(PY) tools/fetch_book_js.py _build/book-js
+	touch $(BOOK_JS)
 
 book-js: $(BOOK_JS)
 
 book: $(STAMP) $(BOOK_JS)
 	rm -rf _build/.jupyter_cache
+	mkdir -p _build
 	@test -f $(BOOK_SRC)/_toc.yml || { echo "error: no _toc.yml in $(BOOK_SRC) (run make test-notebooks first)" >&2; exit 1; }
 	sed 's/execute_notebooks: force/execute_notebooks: "$(EXECUTE)"/' _config.yml > _build/build_config.yml
 	$(VENV)/bin/jupyter-book build $(BOOK_SRC) --path-output . -W -n --keep-going \
@@ -66,7 +68,7 @@ test-package: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser
 
 ifeq ($(NB_OVERWRITE),)
-test-notebooks: $(STAMP) $(BOOK_JS)
+test-notebooks: $(STAMP)
 	$(PY) tools/mirror_book.py $(EXECUTED)
 	$(PY) -m pytest $(NBMAKE_FLAGS) --overwrite $(EXECUTED)/book
 else
@@ -105,4 +107,4 @@ gpu-check: $(STAMP)
 	$(PY) tools/gpu_check.py
 
 clean:
-	rm -rf _build
+	rm -rf _build _executed

@@ -76,34 +76,46 @@ def _measure(kind: str, batch: int, world_size: int, threads: int, use_ddp: bool
 
 
 def run(quick: bool = False) -> Report:
-    """Measure every case and return the report (see the module docstring)."""
+    """Measure every case and return the report (see the module docstring).
+
+    The cases run in interleaved rounds (A B C ... A B C ...) and each reports
+    its median over rounds, so a burst of load from elsewhere hits every case
+    alike instead of one of them.
+    """
     report = Report("ddp")
     batch = 256
-    steps, warmup = (4, 2) if quick else (10, 3)
+    steps, warmup, rounds = (3, 1, 1) if quick else (8, 2, 3)
     toy_steps = 200 if quick else 1000
-
-    plain = _measure("convnet", batch, 1, 1, False, steps, warmup)
-    ddp1 = _measure("convnet", batch, 1, 1, True, steps, warmup)
-    ddp2 = _measure("convnet", batch, 2, 1, True, steps, warmup)
-    threads2 = _measure("convnet", batch, 1, 2, False, steps, warmup)
-    independent = _measure("convnet", batch, 2, 1, False, steps, warmup)
-    toy1 = _measure("toy", 64, 1, 1, True, toy_steps, 20)
-    toy2 = _measure("toy", 64, 2, 1, True, toy_steps, 20)
+    cases = {
+        "plain": ("convnet", batch, 1, 1, False, steps, warmup),
+        "ddp1": ("convnet", batch, 1, 1, True, steps, warmup),
+        "ddp2": ("convnet", batch, 2, 1, True, steps, warmup),
+        "threads2": ("convnet", batch, 1, 2, False, steps, warmup),
+        "independent": ("convnet", batch, 2, 1, False, steps, warmup),
+        "toy1": ("toy", 64, 1, 1, True, toy_steps, 20),
+        "toy2": ("toy", 64, 2, 1, True, toy_steps, 20),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, args in cases.items():
+            samples[name].append(_measure(*args))
+    t = {name: statistics.median(values) for name, values in samples.items()}
 
     case = f"ConvNet 28x28, batch {batch} per rank"
-    report.add("plain loop, 1 process x 1 thread", plain * 1e3, "ms/step", case=case)
-    report.add("DDP, 1 rank x 1 thread", ddp1 * 1e3, "ms/step", case=case)
-    report.add("DDP, 2 ranks x 1 thread", ddp2 * 1e3, "ms/step", case=case)
-    report.add("plain loop, 1 process x 2 threads", threads2 * 1e3, "ms/step", case=case)
-    report.add("2 independent processes x 1 thread", independent * 1e3, "ms/step", case=case)
-    report.add("toy model, DDP 1 rank", toy1 * 1e6, "us/step", case="ToyModel, batch 64 per rank")
-    report.add("toy model, DDP 2 ranks", toy2 * 1e6, "us/step", case="ToyModel, batch 64 per rank")
+    report.add("plain loop, 1 process x 1 thread", t["plain"] * 1e3, "ms/step", case=case)
+    report.add("DDP, 1 rank x 1 thread", t["ddp1"] * 1e3, "ms/step", case=case)
+    report.add("DDP, 2 ranks x 1 thread", t["ddp2"] * 1e3, "ms/step", case=case)
+    report.add("plain loop, 1 process x 2 threads", t["threads2"] * 1e3, "ms/step", case=case)
+    report.add("2 independent processes x 1 thread", t["independent"] * 1e3, "ms/step", case=case)
+    toy_case = "ToyModel, batch 64 per rank"
+    report.add("toy model, DDP 1 rank", t["toy1"] * 1e6, "us/step", case=toy_case)
+    report.add("toy model, DDP 2 ranks", t["toy2"] * 1e6, "us/step", case=toy_case)
 
-    report.ratios["ddp1_over_plain"] = ddp1 / plain
-    report.ratios["ddp2_speedup"] = 2 * ddp1 / ddp2
-    report.ratios["threads2_speedup"] = plain / threads2
-    report.ratios["independent2_speedup"] = 2 * plain / independent
-    report.ratios["ddp2_speedup_toy"] = 2 * toy1 / toy2
+    report.ratios["ddp1_over_plain"] = t["ddp1"] / t["plain"]
+    report.ratios["ddp2_speedup"] = 2 * t["ddp1"] / t["ddp2"]
+    report.ratios["threads2_speedup"] = t["plain"] / t["threads2"]
+    report.ratios["independent2_speedup"] = 2 * t["plain"] / t["independent"]
+    report.ratios["ddp2_speedup_toy"] = 2 * t["toy1"] / t["toy2"]
     report.notes.append(
         "speed-ups are throughput ratios (samples/s) against one rank with one thread; "
         "ddp1_over_plain is a time ratio (1.0 = no overhead)"

@@ -1,0 +1,129 @@
+"""Fixtures for the browser tests: the built book, a local server, headless Chromium.
+
+The pages to check come from ``_toc.yml``, so a chapter is tested as soon as
+it is in the table of contents. Without a built book or without Chromium these
+tests skip, saying why, except in CI (``CI=true``), where both are required and
+their absence fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+import cdp_client
+from browser_support import HTML, Visitor, toc_pages, unavailable
+from cdp_client import Chromium
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "page" in metafunc.fixturenames:
+        pages = toc_pages()
+        metafunc.parametrize("page", pages, ids=pages)
+
+
+@pytest.fixture(scope="session")
+def book_html() -> Path:
+    if not (HTML / "index.html").exists():
+        unavailable(f"the book is not built ({HTML / 'index.html'} is missing): "
+                    "run `make test`, or `make book` first")
+    return HTML
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> str:
+    explicit = os.environ.get("CHROMIUM")
+    for name in ([explicit] if explicit else []) + list(CHROMIUM_NAMES):
+        found = shutil.which(name)
+        if found:
+            return found
+    unavailable("Chromium is not installed (Debian: apt-get install chromium; "
+                "or set CHROMIUM=/path/to/chrome)")
+    raise AssertionError("not reached")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(book_html: Path) -> Iterator[str]:
+    """The built book served on a free loopback port; yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(book_html))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def browser(chromium_path: str) -> Iterator[Chromium]:
+    chromium = Chromium(chromium_path)
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+
+
+@pytest.fixture(scope="session")
+def visitor(browser: Chromium, server: str) -> Visitor:
+    return Visitor(browser, server)
+
+
+def _children() -> dict[int, str]:
+    """Live descendants of this process, except the running Chromium and its helpers."""
+    out = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if {child.pid, *(p.pid for p in child.parents())} & cdp_client.RUNNING:
+                continue
+            cmdline = " ".join(child.cmdline())
+            if "resource_tracker" not in cmdline:
+                out[child.pid] = cmdline[:200]
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """tests/conftest.py's check, but the session's Chromium may outlive a test.
+
+    Chromium lives for the whole session (one browser, a tab per page), and
+    starts and keeps renderer processes as it likes; the browser fixture ends
+    it, with all of them, when the session ends. Any other process a test
+    leaves behind still fails it.
+    """
+    before = set(_children())
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        leftover = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+        if not leftover or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in leftover:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+    assert not leftover, f"test left processes running: {leftover}"
