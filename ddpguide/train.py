@@ -160,7 +160,9 @@ def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None
     chapter's small synthetic set). ``on_event(name, **fields)`` is called on
     every rank at ``"start"`` (``epoch`` = first epoch to run, ``resumed``),
     ``"first_step"`` (the first optimizer step of this process) and ``"epoch"``
-    (after the epoch's checkpoint is on disk: ``epoch``, ``loss``, ``seconds``).
+    (at the end of every epoch, once its checkpoint, if any, is on disk:
+    ``epoch``, ``loss``, ``seconds``). The checkpoint also carries the
+    history of finished epochs (``TrainResult.history``) across restarts.
     """
     config.validate()
     env = env or (DistEnv.from_environ() if _distributed() else DistEnv.single())

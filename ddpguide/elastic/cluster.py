@@ -1,0 +1,218 @@
+"""A cluster of torchrun agents on this machine, for the demo, the benchmark and the tests.
+
+Each "node" is one ``python -m ddpguide.elastic node`` process (a torchrun
+agent) in a process group of its own, with its log in the work directory.
+The cluster can add a node, let one leave (SIGTERM: the agent stops its
+workers and exits), lose one (SIGKILL of the agent and its workers, as if the
+machine died), and kill one worker. Closing the cluster kills whatever is left:
+no agent or worker survives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .events import EventTail
+from .processes import DIE_WITH_PARENT_ENV, descendants, signal_all
+from .settings import free_port
+
+LOOPBACK = "127.0.0.1"
+# gloo picks the interface of the machine's hostname unless told otherwise.
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
+
+
+@dataclass
+class Node:
+    """One agent process and where its output goes."""
+
+    name: str
+    nproc: int
+    process: subprocess.Popen
+    log: Path
+    started: float
+    stopped: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """torchrun agents on 127.0.0.1 sharing one checkpoint and one event file."""
+
+    workdir: Path
+    epochs: int = 12
+    step_delay: float = 0.15
+    nnodes: str = "1:3"
+    max_restarts: int = 3
+    torchrun_defaults: bool = False
+    samples: int = 256
+    port: int = field(default_factory=free_port)
+    nodes: dict[str, Node] = field(default_factory=dict)
+    all_events: list[dict] = field(default_factory=list)
+    store: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = self.workdir / "checkpoint.pt"
+        self.events_path = self.workdir / "events.jsonl"
+        self.events = EventTail(self.events_path)
+
+    # -- starting ---------------------------------------------------------
+    def node_command(self, name: str, nproc: int) -> list[str]:
+        """The command line of one node (node mode of this package)."""
+        cmd = [sys.executable, "-m", "ddpguide.elastic", "node",
+               "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
+               "--rdzv-endpoint", f"{LOOPBACK}:{self.port}", "--rdzv-id", "ddpguide-demo",
+               "--max-restarts", str(self.max_restarts), "--local-addr", LOOPBACK,
+               "--checkpoint", str(self.checkpoint), "--epochs", str(self.epochs),
+               "--step-delay", f"{self.step_delay:g}", "--samples", str(self.samples),
+               "--events", str(self.events_path), "--node-name", name]
+        if self.torchrun_defaults:
+            cmd.append("--torchrun-defaults")
+        if self.store is not None:
+            cmd.append("--external-store")
+        return cmd
+
+    def start_store(self, timeout_s: float = 60.0) -> None:
+        """Host the rendezvous store in a process of its own (before any node starts)."""
+        log = open(self.workdir / "store.log", "ab")
+        with log:
+            self.store = subprocess.Popen(store_command(self.port), stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env={**os.environ, DIE_WITH_PARENT_ENV: "1"},
+                                          start_new_session=True)
+        self.wait_for_store(timeout_s)
+
+    def go_file(self, name: str) -> Path:
+        return self.workdir / f"node-{name}.go"
+
+    def start_node(self, name: str, nproc: int = 2, on_cue: bool = False) -> Node:
+        """Start an agent with ``nproc`` workers; it joins the running job (or starts it).
+
+        With ``on_cue`` the agent imports everything, reports ``agent_waiting``
+        and joins only at :meth:`join`: the join then measures elasticity, not
+        Python start-up.
+        """
+        log = self.workdir / f"node-{name}.log"
+        env = {**os.environ, **LOOPBACK_ENV, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO",
+               DIE_WITH_PARENT_ENV: "1"}
+        command = self.node_command(name, nproc)
+        if on_cue:
+            command += ["--start-when", str(self.go_file(name))]
+        with open(log, "ab") as out:
+            process = subprocess.Popen(command, stdout=out,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       env=env, start_new_session=True)
+        node = Node(name, nproc, process, log, time.monotonic())
+        self.nodes[name] = node
+        return node
+
+    def wait_for_store(self, timeout_s: float = 60.0) -> None:
+        """Block until something listens on the rendezvous port (the first agent's store)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((LOOPBACK, self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"no rendezvous store on port {self.port} after {timeout_s:g} s")
+
+    # -- disturbing -------------------------------------------------------
+    def join(self, name: str) -> float:
+        """Let a node started ``on_cue`` join now."""
+        when = time.monotonic()
+        self.go_file(name).touch()
+        return when
+
+    def leave(self, name: str) -> float:
+        """Ask a node to leave (SIGTERM): the agent stops its workers and exits."""
+        node = self.nodes[name]
+        node.stopped = time.monotonic()
+        node.process.send_signal(signal.SIGTERM)
+        return node.stopped
+
+    def kill_node(self, name: str) -> float:
+        """Lose a node: SIGKILL its agent and every worker at once, like a power cut."""
+        node = self.nodes[name]
+        tree = [node.process.pid, *descendants(node.process.pid)]
+        node.stopped = time.monotonic()
+        signal_all(tree, signal.SIGKILL)
+        node.process.wait(10)
+        return node.stopped
+
+    def worker_pid(self, name: str, local_rank: int) -> int:
+        """The pid of the newest worker with ``local_rank`` on node ``name`` (from its events)."""
+        agent_children = set(descendants(self.nodes[name].process.pid))
+        candidates = [e["pid"] for e in self.all_events
+                      if e["event"] == "spawned" and e["node"] == name
+                      and e["local_rank"] == local_rank and e["pid"] in agent_children]
+        if not candidates:
+            raise RuntimeError(f"no running worker with local rank {local_rank} on node {name}")
+        return candidates[-1]
+
+    def kill_worker(self, name: str, local_rank: int = 1) -> float:
+        """SIGKILL one worker, as if it crashed; its agent restarts the whole group."""
+        pid = self.worker_pid(name, local_rank)
+        when = time.monotonic()
+        signal_all([pid], signal.SIGKILL)
+        return when
+
+    # -- watching ---------------------------------------------------------
+    def poll(self) -> list[dict]:
+        """New events since the last poll (also kept in ``all_events``)."""
+        new = self.events.poll()
+        self.all_events.extend(new)
+        return new
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        text = self.nodes[name].log.read_text(errors="replace") if name in self.nodes else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- ending -----------------------------------------------------------
+    def close(self, grace_s: float = 5.0) -> None:
+        """Stop every node: SIGTERM, then SIGKILL for anything still running."""
+        trees = {name: [n.process.pid, *descendants(n.process.pid)]
+                 for name, n in self.nodes.items() if n.alive}
+        for name in trees:
+            self.nodes[name].process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name in trees:
+            try:
+                self.nodes[name].process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for pids in trees.values():
+            signal_all(pids, signal.SIGKILL)
+        for node in self.nodes.values():
+            try:
+                node.process.wait(10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a kernel-stuck process
+                pass
+        if self.store is not None and self.store.poll() is None:
+            self.store.kill()
+            self.store.wait(10)
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def store_command(port: int) -> list[str]:
+    """The command line of a separate store process."""
+    return [sys.executable, "-m", "ddpguide.elastic", "store", "--port", str(port)]
+
+
+__all__ = ["LocalCluster", "Node", "store_command"]

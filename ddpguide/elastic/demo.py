@@ -1,0 +1,168 @@
+"""The local demo: a node joins, a node leaves, a worker crashes; training finishes anyway.
+
+Node A starts alone with 2 workers. After a few epochs node B joins (world
+size 4, training resumes from the checkpoint); later B leaves (back to 2);
+later one of A's workers is killed with SIGKILL and torchrun restarts the
+group. Every step is driven by what the workers report, not by a clock, so a
+slow machine gives the same story, only slower.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .cluster import LocalCluster
+from .report import RunLog, build_report
+
+# How many finished epochs each phase lasts before the next disturbance.
+EPOCHS_BEFORE_JOIN = 2
+EPOCHS_AT_FOUR = 3
+EPOCHS_BEFORE_CRASH = 2
+
+
+class DemoError(RuntimeError):
+    """The demo did not reach its next milestone in time (the node logs say why)."""
+
+
+@dataclass
+class DemoSettings:
+    """Sizes and pacing of the demo (the defaults fit in about a minute on 2 cores)."""
+
+    epochs: int = 14
+    step_delay: float = 0.15
+    nnodes: str = "1:2"
+    phase_timeout_s: float = 60.0
+    external_store: bool = False
+    torchrun_defaults: bool = False
+
+
+def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = None,
+             report_path: str | Path | None = None,
+             echo: Callable[[str], None] | None = print) -> dict:
+    """Run the scenario; return (and optionally write) the report of :func:`build_report`."""
+    settings = settings or DemoSettings()
+    own_dir = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-")) if own_dir else Path(workdir)
+    log = RunLog(echo=echo)
+    cluster = LocalCluster(workdir, epochs=settings.epochs, step_delay=settings.step_delay,
+                           nnodes=settings.nnodes, torchrun_defaults=settings.torchrun_defaults)
+    try:
+        with cluster:
+            if settings.external_store:
+                cluster.start_store()
+            _scenario(cluster, log, settings)
+        report = build_report(log, cluster, settings)
+    except (RuntimeError, TimeoutError) as exc:  # DemoError, or a process that never came up
+        # Keep the node logs of a failed run: they hold the explanation.
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise DemoError(f"{first} (node logs kept in {workdir})") from None
+    if own_dir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if report_path:
+        Path(report_path).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _wait_for(cluster: LocalCluster, log: RunLog, done: Callable[[], bool], what: str,
+              timeout_s: float, exit_expected: bool = False) -> None:
+    """Feed new events to the log until ``done()``; raise DemoError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for event in cluster.poll():
+            log.worker_event(event)
+        if done():
+            return
+        for name, node in cluster.nodes.items():
+            if node.stopped is None and not node.alive and not exit_expected:
+                raise DemoError(f"node {name} exited with code {node.process.returncode} while "
+                                f"waiting for {what}; its log ends:\n{cluster.log_tail(name)}")
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- node {n} ---\n{cluster.log_tail(n)}" for n in cluster.nodes)
+            raise DemoError(f"no {what} within {timeout_s:g} s\n{tails}")
+        time.sleep(0.05)
+
+
+def _epochs_at(log: RunLog, world_size: int, since: float) -> int:
+    return sum(1 for e in log.worker_events
+               if e["event"] == "epoch" and e["world_size"] == world_size and e["t"] > since)
+
+
+def _agent_waiting(log: RunLog, name: str) -> bool:
+    return any(e["event"] == "agent_waiting" and e["node"] == name for e in log.worker_events)
+
+
+def _scenario(cluster: LocalCluster, log: RunLog, settings: DemoSettings) -> None:
+    timeout = settings.phase_timeout_s
+    # B's agent starts first and waits for its cue, so its Python start-up
+    # overlaps A's and the join below measures only the elastic machinery.
+    cluster.start_node("B", 2, on_cue=True)
+    node_a = cluster.start_node("A", 2)
+    log.action("node A starts with 2 workers", node_a.started, world_size=2)
+    _wait_for(cluster, log, lambda: _epochs_at(log, 2, node_a.started) >= EPOCHS_BEFORE_JOIN
+              and _agent_waiting(log, "B"),
+              f"{EPOCHS_BEFORE_JOIN} epochs at world size 2", timeout + 30)
+
+    joined = cluster.join("B")
+    log.action("node B joins with 2 workers", joined, expect=4, cause="join")
+    _wait_for(cluster, log, lambda: _epochs_at(log, 4, joined) >= EPOCHS_AT_FOUR,
+              f"{EPOCHS_AT_FOUR} epochs at world size 4", timeout)
+
+    left = cluster.leave("B")
+    log.action("node B leaves (SIGTERM to its agent)", left, expect=2, cause="leave")
+    _wait_for(cluster, log, lambda: _epochs_at(log, 2, left) >= EPOCHS_BEFORE_CRASH,
+              f"{EPOCHS_BEFORE_CRASH} epochs at world size 2 after the departure", timeout)
+
+    killed = cluster.kill_worker("A", local_rank=1)
+    log.action("a worker of node A is killed (SIGKILL)", killed, expect=2, cause="crash")
+    _wait_for(cluster, log, lambda: any(e["event"] == "finished" for e in log.worker_events),
+              "the end of training", timeout + settings.epochs * 10 * settings.step_delay)
+    _wait_for(cluster, log, lambda: not node_a.alive, "node A to exit", 30, exit_expected=True)
+    if node_a.process.returncode != 0:
+        raise DemoError(f"node A exited with code {node_a.process.returncode}")
+    log.action("node A exits: training finished", time.monotonic())
+
+
+def run_cli(args: list[str], timeout_s: float = 150.0,
+            echo: Callable[[str], None] = print) -> int:
+    """Run ``python -m ddpguide.elastic ARGS`` in a child, echoing its lines as they come.
+
+    For notebooks: the output appears live, and after ``timeout_s`` the child
+    and everything it started are killed. Returns the exit code.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from .processes import descendants, signal_all
+
+    child = subprocess.Popen([sys.executable, "-m", "ddpguide.elastic", *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    expired = threading.Event()
+
+    def stop() -> None:
+        expired.set()
+        signal_all([child.pid, *descendants(child.pid)], signal.SIGKILL)
+
+    timer = threading.Timer(timeout_s, stop)
+    timer.start()
+    try:
+        for line in child.stdout:
+            echo(line.rstrip("\n"))
+        code = child.wait()
+    finally:
+        timer.cancel()
+        if child.poll() is None:
+            stop()
+            child.wait()
+    if expired.is_set():
+        echo(f"error: stopped after {timeout_s:g} s")
+    return code

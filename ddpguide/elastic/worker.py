@@ -1,0 +1,146 @@
+"""One elastic worker: what torchrun's agent starts on every rank.
+
+``node`` mode forks it from a warm forkserver (:func:`elastic_entry`); plain
+``torchrun ... -m ddpguide.elastic.worker`` execs it (:func:`main`).
+
+It is the book's training core (:func:`ddpguide.train.fit`) on the seed's toy
+model, with three additions that make elasticity safe and visible:
+
+* the training state lives in a checkpoint that rank 0 writes atomically after
+  every epoch, so a restarted group (of any size) continues after the last
+  finished epoch;
+* a ``--step-delay`` sleep per step stands in for real compute, so that the
+  demo's joins, departures and crashes land in the middle of training;
+* rank 0 reports what happens (start, resume epoch, first step, every finished
+  epoch) to an event file; every rank reports its pid once.
+
+The module imports nothing heavy at the top, so ``--help`` and a fresh
+interpreter's start stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+
+from .processes import die_with_parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ddpguide.elastic.worker",
+                                     description="An elastic training worker (started by torchrun).")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint file shared by all nodes")
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--events", help="append JSON-lines events to this file")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds to sleep after each step (stands in for real compute)")
+    parser.add_argument("--samples", type=int, default=256, help="training samples per epoch")
+    parser.add_argument("--batch-size", type=int, default=16, help="per rank")
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds before a collective gives up")
+    return parser.parse_args(argv)
+
+
+def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
+    """The seed's toy problem made learnable: 10 features, 5 classes from a fixed linear map."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from ..data import DataSplits
+
+    gen = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(10, 5, generator=gen)
+    x = torch.randn(samples + test_samples, 10, generator=gen)
+    y = (x @ mixing).argmax(dim=1)
+    return DataSplits("toy", TensorDataset(x[:samples], y[:samples]),
+                      TensorDataset(x[samples:], y[samples:]))
+
+
+def _finish(code: int) -> None:
+    # gloo's threads can abort interpreter teardown; everything is flushed already.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Join the group torchrun describes, train to ``args.epochs``, leave."""
+    from .events import EventWriter
+
+    env = os.environ
+    node = env.get("DDPGUIDE_NODE", "")
+    rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+    events = None
+    if args.events:
+        events = EventWriter(args.events, node=node, rank=rank, local_rank=local_rank,
+                             world_size=int(env["WORLD_SIZE"]), pid=os.getpid(),
+                             group=env.get("MASTER_PORT"),
+                             restart=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        events.write("spawned")
+
+    from ..process_group import cleanup, setup
+    from ..train import TrainConfig, fit
+
+    setup(timeout_s=args.timeout)
+    if events and rank == 0:
+        events.write("ready")
+
+    def on_event(name: str, **fields) -> None:
+        if events is not None and rank == 0:
+            events.write(name, **fields)
+
+    config = TrainConfig(model="toy", epochs=args.epochs, batch_size=args.batch_size,
+                         checkpoint=args.checkpoint, step_delay_s=args.step_delay,
+                         progress=False, log=True)
+    fit(config, data=toy_data(args.samples), on_event=on_event)
+    if events and rank == 0:
+        events.write("finished")
+    cleanup()
+
+
+def train_toy(epochs: int, checkpoint: str | None = None, samples: int = 256,
+              batch_size: int = 16):
+    """The same training in an existing process group (e.g. under ``launch.spawn``).
+
+    Returns :class:`ddpguide.train.TrainResult`; tests compare interrupted and
+    uninterrupted runs with it.
+    """
+    from ..train import TrainConfig, fit
+
+    config = TrainConfig(model="toy", epochs=epochs, batch_size=batch_size,
+                         checkpoint=checkpoint, progress=False, log=False)
+    return fit(config, data=toy_data(samples))
+
+
+def elastic_entry(*argv: str) -> None:
+    """Entry point when the agent forks workers (node mode's default).
+
+    torchrun's multiprocessing wrapper records an exception in the error file
+    and the child then exits without interpreter teardown.
+    """
+    die_with_parent()
+    run(parse_args(list(argv)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
+    args = parse_args(argv)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:
+        # @record writes the traceback to TORCHELASTIC_ERROR_FILE, so the agent
+        # can name the root cause of a failed group.
+        record(run)(args)
+    except BaseException as exc:  # noqa: BLE001 - the process ends here either way
+        message = " ".join(str(exc).split())[:300]
+        print(f"[rank {os.environ.get('RANK', '?')}] worker failed: {type(exc).__name__}: {message}",
+              file=sys.stderr)
+        _finish(1)
+    _finish(0)
+
+
+if __name__ == "__main__":
+    main()
