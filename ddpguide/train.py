@@ -32,7 +32,7 @@ class TrainConfig:
     dataset: str = "auto"
     epochs: int = 3
     batch_size: int = 32          # per rank, as in the source article
-    lr: float = 0.05
+    lr: float = 0.02
     momentum: float = 0.9
     seed: int = 0                 # model initialisation (identical on every rank)
     data_seed: int = 3407         # sampler shuffling and loader generators
