@@ -117,7 +117,9 @@ def one_thread():
 
 
 def _fp16_config(tmp_path, epochs: int, name: str = "ckpt.pt") -> TrainConfig:
-    return TrainConfig(amp="fp16", epochs=epochs, max_steps_per_epoch=3, batch_size=16,
+    # lr 0.05: the first steps after the resume still overflow at the initial scale, so
+    # a resume that forgets the scaler state visibly diverges (the check below can fail).
+    return TrainConfig(amp="fp16", epochs=epochs, lr=0.05, max_steps_per_epoch=3, batch_size=16,
                        dataset="digits", evaluate=False, log=False,
                        checkpoint=str(tmp_path / name))
 
