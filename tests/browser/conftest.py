@@ -13,7 +13,6 @@ import http.server
 import os
 import shutil
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 import cdp_client
+from process_guard import guard, live_children
 from browser_support import HTML, Visitor, toc_pages, unavailable
 from cdp_client import Chromium
 
@@ -87,21 +87,8 @@ def visitor(browser: Chromium, server: str) -> Visitor:
     return Visitor(browser, server)
 
 
-def _children() -> dict[int, str]:
-    """Live descendants of this process, except the running Chromium and its helpers."""
-    out = {}
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if {child.pid, *(p.pid for p in child.parents())} & cdp_client.RUNNING:
-                continue
-            cmdline = " ".join(child.cmdline())
-            if "resource_tracker" not in cmdline:
-                out[child.pid] = cmdline[:200]
-        except psutil.Error:
-            continue
-    return out
+def _is_running_chromium(process: psutil.Process) -> bool:
+    return bool({process.pid, *(p.pid for p in process.parents())} & cdp_client.RUNNING)
 
 
 @pytest.fixture(autouse=True)
@@ -113,17 +100,4 @@ def no_leftover_processes():
     it, with all of them, when the session ends. Any other process a test
     leaves behind still fails it.
     """
-    before = set(_children())
-    yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        leftover = {pid: cmd for pid, cmd in _children().items() if pid not in before}
-        if not leftover or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    for pid in leftover:
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
-    assert not leftover, f"test left processes running: {leftover}"
+    yield from guard(lambda: live_children(ignore=_is_running_chromium))
