@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 EXECUTE ?= force
 # NB_OVERWRITE=1 makes nbmake write the executed outputs into book/ (CI clones only).
 NB_OVERWRITE ?=
-NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 $(if $(NB_OVERWRITE),--overwrite,)
+NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 --timeout=900 $(if $(NB_OVERWRITE),--overwrite,)
 # The folder `make book` builds from: `.` (book/ itself) or a copy of the sources.
 BOOK_SRC ?= .
 # Where `make test` executes the chapters and renders them from: book/ itself with

@@ -145,11 +145,17 @@ class Visitor:
         tab = Tab(self.browser)
         try:
             tab.navigate(f"{self.base_url}search.html?q={word}", PAGE_TIMEOUT_S)
+            # Sphinx creates the (empty) summary at once, adds the results one by one,
+            # and writes the summary's text only after the last one: wait for the text.
             links = tab.evaluate(f"""(async () => {{
+                const done = () => {{
+                    const summary = document.querySelector('#search-results .search-summary');
+                    return summary && summary.textContent.trim().length > 0;
+                }};
                 const deadline = Date.now() + {int(PAGE_TIMEOUT_S * 1000)};
-                while (Date.now() < deadline && !document.querySelector('#search-results .search-summary'))
+                while (Date.now() < deadline && !done())
                     await new Promise(r => setTimeout(r, 100));
-                if (!document.querySelector('#search-results .search-summary')) return null;
+                if (!done()) return null;
                 return [...document.querySelectorAll('#search-results ul.search a[href]')].map(a => a.href);
             }})()""", PAGE_TIMEOUT_S + 10)
         finally:
