@@ -23,9 +23,12 @@ class Anchor:
 
 ANCHORS: dict[str, dict[str, Anchor]] = {
     "allreduce": {
-        "ring_over_gloo_64mb": Anchor("ring / gloo time, 64 MB, 2 ranks", "0.95 (plain ring, measured before)", "<= 1.0"),
-        "ring_over_gloo_64mb_4ranks": Anchor("ring / gloo time, 64 MB, 4 ranks", "0.89 (plain ring)", "<= 1.0"),
-        "ring_over_gloo_1mb_4ranks": Anchor("ring / gloo time, 1 MB, 4 ranks", "1.74 (plain ring)", "<= 1.3"),
+        "ring_over_gloo_64mb": Anchor("hand-written / gloo time, 64 MB, 2 ranks", "0.95 (plain ring, measured before)", "<= 1.0"),
+        "ring_over_gloo_64mb_4ranks": Anchor("hand-written / gloo time, 64 MB, 4 ranks", "0.89 (plain ring)", "<= 1.0"),
+        "ring_over_gloo_1mb_4ranks": Anchor("hand-written / gloo time, 1 MB, 4 ranks", "1.74 (plain ring)", "<= 1.3"),
+        "plain_ring_over_gloo_64mb": Anchor("one-message-per-step ring / gloo, 64 MB, 2 ranks", "0.95", ""),
+        "plain_ring_over_gloo_64mb_4ranks": Anchor("one-message-per-step ring / gloo, 64 MB, 4 ranks", "0.89", ""),
+        "plain_ring_over_gloo_1mb_4ranks": Anchor("one-message-per-step ring / gloo, 1 MB, 4 ranks", "1.74", ""),
     },
     "ddp": {
         "ddp1_over_plain": Anchor("DDP with 1 rank / plain loop, time", "1.07 (measured before)", "<= 1.03"),
@@ -47,7 +50,10 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "pipeline_speedup": Anchor("2-stage pipeline / 1 process, source's split", "1.49x, 1.54x at split 12 (2 GPUs)", ">= 1.6"),
         "pipeline_speedup_balanced": Anchor("pipeline with balanced stages / 1 process", "", "> pipeline_speedup"),
         "model_parallel_over_single": Anchor("naive model parallel / 1 device, time", "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
-        "bubble_efficiency": Anchor("measured efficiency / bubble bound m/(m+p-1)", "", "<= 1"),
+        "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core)", "", "<= bubble_bound"),
+        "bubble_bound": Anchor("m/(m+p-1) for the best seed-split run", "", ""),
+        "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
+        "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "1.81 (128x128)", ""),
     },
     "amp": {
         "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),
@@ -88,21 +94,33 @@ def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:
     return [(name, value, anchors.get(name, Anchor(name, "", ""))) for name, value in report["ratios"].items()]
 
 
+MAX_MEASUREMENT_ROWS = 14
+
+
 def ratio_table(report: dict):
-    """An HTML table of the suite's measurements and ratios beside their anchors."""
+    """HTML tables: the suite's ratios beside their anchors, then its measurements.
+
+    A suite with many measurements (the all-reduce sweep) shows only its ratios
+    here; its table printed by ``python -m ddpguide.bench`` has every size.
+    """
     from IPython.display import HTML
 
     def row(cells, tag="td"):
         return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
 
-    parts = ["<table>", row(["measurement", "value", "unit"], "th")]
-    for m in report["measurements"]:
-        parts.append(row([m["name"], f"{m['value']:.4g}", m["unit"]]))
-    parts.append("</table><br><table>")
-    parts.append(row(["ratio", "this machine", "meaning", "anchor", "goal"], "th"))
+    style = '<div style="overflow-x:auto; font-size:0.85em">'
+    parts = [style, "<table>", row(["ratio", "this machine", "meaning", "anchor", "goal"], "th")]
     for name, value, anchor in ratio_rows(report):
         parts.append(row([name, f"{value:.3f}", anchor.meaning, anchor.reference, anchor.goal]))
-    parts.append("</table>")
+    parts.append("</table></div>")
+    measurements = report["measurements"]
+    if len(measurements) <= MAX_MEASUREMENT_ROWS:
+        parts += [style, "<table>", row(["measurement", "value", "unit"], "th")]
+        parts += [row([m["name"], f"{m['value']:.4g}", m["unit"]]) for m in measurements]
+        parts.append("</table></div>")
+    else:
+        parts.append(f"<p>{len(measurements)} measurements; <code>python -m ddpguide.bench "
+                     f"{html.escape(report['suite'])}</code> prints them all.</p>")
     return HTML("".join(parts))
 
 
