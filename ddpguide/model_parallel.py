@@ -194,3 +194,18 @@ def microbatch_reference(
         outputs.append(out.detach())
         losses.append(loss.detach())
     return torch.cat(outputs), torch.stack(losses).sum()
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor, target: torch.Tensor, loss_fn):
+    """One forward and backward pass: (output, loss, gradients under torchvision's names).
+
+    The split model's ``seq1``/``seq2`` aliases are left out, so the gradients
+    of a split and an unsplit ResNet50 can be compared name by name.
+    """
+    model.zero_grad(set_to_none=True)
+    out = model(x)
+    loss = loss_fn(out, target.to(out.device))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()
+             if p.grad is not None and not n.startswith(_SPLIT_ONLY_PREFIXES)}
+    return out.detach(), loss.detach(), grads
