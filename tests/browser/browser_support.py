@@ -7,14 +7,18 @@ collected into a :class:`PageReport`, and a screenshot of it is kept in
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import json
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -29,6 +33,26 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 sys.path.insert(0, str(ROOT / "tools"))
 from mirror_book import toc_files  # noqa: E402
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """Serve ``folder`` on a free loopback port; yields its base URL, then stops the server."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
 
 # How long a page may take to load, render its widgets and typeset its math.
 PAGE_TIMEOUT_S = 60.0

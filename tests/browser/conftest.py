@@ -8,20 +8,17 @@ their absence fails.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import os
 import shutil
-import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import psutil
 import pytest
 
 import cdp_client
 from process_guard import guard, live_children
-from browser_support import HTML, Visitor, toc_pages, unavailable
+from browser_support import HTML, Visitor, serve, toc_pages, unavailable
 from cdp_client import Chromium
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -53,24 +50,11 @@ def chromium_path() -> str:
     raise AssertionError("not reached")
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="session")
 def server(book_html: Path) -> Iterator[str]:
     """The built book served on a free loopback port; yields its base URL."""
-    handler = functools.partial(_QuietHandler, directory=str(book_html))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serve(book_html) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,8 @@ request leaving the local server.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +20,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from browser_support import ROOT, Visitor, loading_problems, unavailable
+from browser_support import ROOT, Visitor, loading_problems, serve, unavailable
 from cdp_client import Chromium
 
 pytestmark = pytest.mark.timeout(600)
@@ -82,20 +79,8 @@ def sample_html(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def sample_server(sample_html: Path) -> Iterator[str]:
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(sample_html)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(10)
+    with serve(sample_html) as url:
+        yield url
 
 
 def test_sample_page_works_offline(browser: Chromium, sample_server: str, tmp_path: Path):
