@@ -50,6 +50,19 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two names are links to one file.
+
+    A writer killed between keeping the fallback and moving the new file in
+    leaves ``path`` and ``path.prev`` as two links to the same file: that file
+    already is the fallback, and the next save must not link it again.
+    """
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _temp_prefix(path: Path) -> str:
     # Host and pid in the name let a later save recognise leftovers of a killed writer.
     return f".{path.name}.{socket.gethostname()}.{os.getpid()}."
@@ -113,16 +126,21 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        if path.exists():
+        previous = previous_path(path)
+        if path.exists() and not _same_file(path, previous):
             # Keep the current file as the fallback without a moment in which
             # `path` is missing: hard-link (or copy) it under a private name,
             # then move that into place.
             link_name = f"{directory}/{prefix}prev.tmp"
+            Path(link_name).unlink(missing_ok=True)  # never copy through an old link
             try:
                 os.link(path, link_name)
             except OSError:  # file systems without hard links
                 shutil.copyfile(path, link_name)
-            os.replace(link_name, previous_path(path))
+            os.replace(link_name, previous)
+            # rename(2) does nothing when both names are links to one file; the
+            # check above rules that out, and this makes sure no name is left.
+            Path(link_name).unlink(missing_ok=True)
             link_name = None
         os.replace(tmp_name, path)
         _fsync_dir(directory)

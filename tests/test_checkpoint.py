@@ -66,6 +66,23 @@ def test_the_previous_checkpoint_is_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt.pt.prev"]
 
 
+def test_a_save_after_a_writer_died_mid_rotation_leaves_no_extra_file(tmp_path):
+    """Killed after keeping the fallback but before moving the new file in, a
+    writer leaves ``ckpt.pt`` and ``ckpt.pt.prev`` as two links to one file;
+    renaming a third link of that file onto ``ckpt.pt.prev`` is a no-op."""
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(_state(0), path)
+    save_checkpoint(_state(1), path)
+    previous_path(path).unlink()
+    os.link(path, previous_path(path))  # the state such a kill leaves behind
+    for epoch in (2, 3):
+        save_checkpoint(_state(epoch), path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt", "ckpt.pt.prev"]
+        assert load_checkpoint(path)["epoch"] == epoch
+        assert torch.load(previous_path(path), weights_only=True)["epoch"] == epoch - 1
+        assert not os.path.samefile(path, previous_path(path))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 def test_corrupt_latest_falls_back_to_previous_with_a_warning(tmp_path, damage):
     path = tmp_path / "ckpt.pt"
