@@ -41,6 +41,8 @@ from .runtime import Runtime, fair_thread_count, select_runtime
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 _FD_LOCK = threading.Lock()
+_ARRIVED = "ddpguide/arrived/"
+_FAILURES = "failures"
 
 
 class WorkerError(RuntimeError):
@@ -66,6 +68,7 @@ class _WorkerSpec:
     runtime: Runtime
     store_port: int
     collective_timeout_s: float
+    start_timeout_s: float
     workdir: str
 
 
@@ -92,6 +95,21 @@ def _finish(code: int) -> None:
     os._exit(code)
 
 
+def _record_failure(workdir: Path, rank: int) -> None:
+    """Append this rank to the list of failures, in the order the failures happened.
+
+    The first rank to fail is usually the cause, and the others fail because
+    it left (their collectives lose a peer). One ``write`` to a file opened with
+    ``O_APPEND`` is atomic, so the order of the lines is the order of the
+    failures; file times are too coarse to tell failures milliseconds apart.
+    """
+    fd = os.open(workdir / _FAILURES, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{rank}\n".encode())
+    finally:
+        os.close(fd)
+
+
 def _worker_entry(rank: int, spec: _WorkerSpec) -> None:
     _die_with_parent()
     workdir = Path(spec.workdir)
@@ -100,9 +118,17 @@ def _worker_entry(rank: int, spec: _WorkerSpec) -> None:
             torch.cuda.set_device(spec.runtime.device(rank))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         timeout = datetime.timedelta(seconds=spec.collective_timeout_s)
+        start_timeout = datetime.timedelta(seconds=spec.start_timeout_s)
         store = dist.TCPStore(
-            "127.0.0.1", spec.store_port, spec.world_size, is_master=False, timeout=timeout
+            "127.0.0.1", spec.store_port, spec.world_size, is_master=False, timeout=start_timeout
         )
+        # Ranks reach this point seconds apart (each one imports torch, and a
+        # busy machine runs them one after another): meet here first, under the
+        # launch's own time limit, so that the short collective timeout only
+        # ever bounds the collectives.
+        store.set(f"{_ARRIVED}{rank}", "1")
+        store.wait([f"{_ARRIVED}{r}" for r in range(spec.world_size)], start_timeout)
+        store.set_timeout(timeout)
         dist.init_process_group(
             spec.runtime.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout
         )
@@ -115,6 +141,7 @@ def _worker_entry(rank: int, spec: _WorkerSpec) -> None:
             dist.destroy_process_group()
     except BaseException:
         (workdir / f"rank{rank}.traceback").write_text(traceback.format_exc())
+        _record_failure(workdir, rank)
         _finish(1)
     _finish(0)
 
@@ -234,7 +261,7 @@ def spawn(
     )
     workdir = Path(tempfile.mkdtemp(prefix="ddpguide-spawn-"))
     spec = _WorkerSpec(fn, tuple(args), dict(kwargs), world_size, runtime, store.port,
-                       collective_timeout, str(workdir))
+                       collective_timeout, timeout, str(workdir))
     ctx = mp.get_context("spawn")
     logs = [workdir / f"rank{rank}.log" for rank in range(world_size)]
     echo_logs = _LogEcho(logs, echo)
@@ -260,10 +287,10 @@ def spawn(
             if failed:
                 # Give the others a moment to write their own traceback, then stop them.
                 time.sleep(0.2)
+                failed = [r for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
                 _stop(processes)
                 echo_logs.poll(final=True)
-                first = _first_failure(workdir, processes, failed)
-                rank = first
+                rank = _first_failure(workdir, failed)
                 details = (workdir / f"rank{rank}.traceback")
                 text = details.read_text() if details.exists() else _tail(logs[rank])
                 if getattr(fn, "__module__", None) == "__main__":
@@ -294,14 +321,17 @@ def spawn(
         del store
 
 
-def _first_failure(workdir: Path, processes: list, failed: list[int]) -> int:
-    """The rank whose error is the cause: prefer one that wrote a traceback first."""
-    with_traceback = [r for r in failed if (workdir / f"rank{r}.traceback").exists()]
-    candidates = with_traceback or failed
-    def written_at(rank: int) -> float:
-        path = workdir / f"rank{rank}.traceback"
-        return path.stat().st_mtime if path.exists() else float("inf")
-    return min(candidates, key=lambda r: (written_at(r), r))
+def _first_failure(workdir: Path, failed: list[int]) -> int:
+    """The rank whose error is the cause: the first to record a failure.
+
+    A rank that died without recording one (killed, crashed in C++) counts
+    only when no rank recorded anything.
+    """
+    try:
+        recorded = [int(line) for line in (workdir / _FAILURES).read_text().split()]
+    except FileNotFoundError:
+        recorded = []
+    return recorded[0] if recorded else min(failed)
 
 
 def describe_rank() -> dict[str, Any]:

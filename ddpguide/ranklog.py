@@ -33,8 +33,14 @@ def rank_print(*values: object, all_ranks: bool = False, **kwargs) -> None:
     """Print with a ``[rank N]`` prefix; by default only rank 0 prints."""
     rank = current_rank()
     if all_ranks or rank == 0:
-        kwargs.setdefault("flush", True)
-        print(f"[rank {rank}]", *values, **kwargs)
+        sep, end = kwargs.get("sep") or " ", kwargs.get("end", "\n")
+        stream = kwargs.get("file") or sys.stdout
+        # One write per line: unbuffered output (PYTHONUNBUFFERED, torchrun's
+        # workers) would otherwise write the prefix, each value and the newline
+        # separately, and another rank's line could land between them.
+        stream.write(sep.join(map(str, (f"[rank {rank}]", *values))) + (end or ""))
+        if kwargs.get("flush", True):
+            stream.flush()
 
 
 class _RankFilter(logging.Filter):

@@ -161,7 +161,10 @@ def _stop(processes: Sequence[subprocess.Popen], launch_id: str, grace_s: float 
             process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    for _ in range(10):  # a worker may fork while we look; look again until none is left
+    # A worker may fork while we look, and a killed one takes a while to go on a
+    # busy machine: look again until none is left (zombies no longer count).
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
         survivors = processes_of_launch(launch_id)
         if not survivors:
             break

@@ -87,7 +87,9 @@ def report(out_dir: str | None, join_group: bool = True, timeout_s: float = 60.0
         partial.write_text(json.dumps(record))
         os.replace(partial, directory / name)  # readers never see half a record
     else:
-        print(RECORD_PREFIX + json.dumps(record), flush=True)
+        # one write: the record and its newline must not be split by another rank's output
+        sys.stdout.write(RECORD_PREFIX + json.dumps(record) + "\n")
+        sys.stdout.flush()
     return record
 
 

@@ -22,7 +22,8 @@ def report():
 
 def fail_on_rank(bad_rank: int):
     if dist.get_rank() == bad_rank:
-        raise ValueError(f"rank {bad_rank} refuses to train")
+        # CLOCK_MONOTONIC is one clock for every process on the machine
+        raise ValueError(f"rank {bad_rank} refuses to train (raised at {time.monotonic():.3f})")
     dist.barrier()  # the healthy ranks wait here until they are stopped
     return "unreachable"
 

@@ -127,6 +127,27 @@ def test_benchmark_report_from_real_measurements(runs, tmp_path):
     assert len(data["measurements"]) == 2 * 2 * len(bench.CASES)
 
 
+def test_benchmark_ratios_are_taken_within_a_process_group_then_the_median():
+    mb64 = 64 * 2**20
+
+    def group(gloo: float, ring: float) -> dict:
+        times = dict.fromkeys(bench.CASES, ring)
+        times["gloo"] = gloo
+        return {mb64: times}
+
+    # Ratios 2.0, 0.5 and 1.0: their median is 1.0. The ratio of the median
+    # times (2.0 / 1.0) would say 2.0; the groups' own ratios say otherwise.
+    groups = [group(1.0, 2.0), group(4.0, 2.0), group(1.0, 1.0)]
+    seconds, vs_gloo = bench.combine_groups(groups)
+    assert seconds[mb64]["gloo"] == 1.0 and seconds[mb64]["ring"] == 2.0
+    assert vs_gloo[mb64]["ring"] == 1.0 and vs_gloo[mb64]["gloo"] == 1.0
+    report = bench.build_report({2: groups})
+    assert report.ratios["ring_over_gloo_64mb"] == 1.0
+    assert report.ratios["plain_ring_over_gloo_64mb"] == 1.0
+    assert "ring_over_gloo_64mb per process group: 2.00, 0.50, 1.00" in report.notes
+    assert "medians over 3 process groups" in report.table()
+
+
 def test_ring_schedule_passes_each_chunk_once_around():
     for world in (2, 3, 4, 5):
         schedules = [collectives.ring_steps(world, r) for r in range(world)]

@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 import nbformat
+import psutil
 import pytest
 import websocket
 import yaml
@@ -89,8 +89,11 @@ class Kernel:
         url = (lab.base.replace("http://", "ws://") + f"api/kernels/{self.kernel_id}/channels"
                f"?session_id={self.client_session}&token={lab.token}")
         self.ws = websocket.create_connection(url, timeout=START_TIMEOUT_S, http_no_proxy=["127.0.0.1"])
-        self.pid: int | None = None
-        self.pid = int(self.execute("import os; print(os.getpid())", 120).stdout.strip())
+        self.process: psutil.Process | None = None
+        pid = int(self.execute("import os; print(os.getpid())", 120).stdout.strip())
+        # Held from now on: a Process object knows its start time, so it never
+        # mistakes a later process that is given the same pid for the kernel.
+        self.process = psutil.Process(pid)
 
     def execute(self, code: str, timeout: float) -> Reply:
         msg_id = uuid.uuid4().hex
@@ -131,21 +134,34 @@ class Kernel:
     def close(self) -> None:
         self.ws.close()
         self.lab.request("DELETE", f"api/sessions/{self.session_id}")
-        if self.pid is not None:
-            _wait_gone(self.pid, 20)
+        if self.process is not None:
+            _wait_gone(self.process, 20)
 
 
-def _wait_gone(pid: int, timeout: float) -> None:
+def _wait_gone(process: psutil.Process, timeout: float) -> None:
     """Wait for a process to end; kill it if it is still there, and say so."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            if not process.is_running() or process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
             return
         time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
-    raise AssertionError(f"process {pid} was still running {timeout:.0f} s after shutdown")
+    process.kill()
+    raise AssertionError(f"process {process.pid} was still running {timeout:.0f} s after shutdown")
+
+
+def _server_info(path: Path) -> dict | None:
+    """The server's connection file, or None while it is still being written.
+
+    Jupyter writes it in place (truncate, then dump), so a read can see it empty or cut short.
+    """
+    try:
+        info = json.loads(path.read_text())
+    except (json.JSONDecodeError, FileNotFoundError):
+        return None
+    return info if isinstance(info, dict) and "port" in info else None
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +182,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
             assert process.poll() is None, f"JupyterLab exited:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"JupyterLab did not start:\n{log.read_text()[-3000:]}"
             for path in runtime.glob("jpserver-*.json"):
-                info = json.loads(path.read_text())
+                info = _server_info(path)
             time.sleep(0.2)
         yield LabServer(process, info, log)
     finally:

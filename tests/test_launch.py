@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 import textwrap
 import time
@@ -8,6 +9,17 @@ import pytest
 
 import spawn_workers
 from ddpguide.launch import SpawnTimeout, WorkerError, spawn
+
+
+def _running_children() -> set[int]:
+    running = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                running.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
 
 
 @pytest.mark.timeout(90)
@@ -20,20 +32,23 @@ def test_every_rank_returns_its_result(world_size, capsys):
     # each rank gets its share of the cores, not all of them
     assert all(r["threads"] == max(1, (os.cpu_count() or 1) // world_size) for r in results)
     assert len({r["pid"] for r in results}) == world_size
-    for r in results:
-        assert not psutil.pid_exists(r["pid"]) or psutil.Process(r["pid"]).status() == psutil.STATUS_ZOMBIE
+    # No rank is left running. (Asking whether the pid exists could find a new
+    # process that was given the same number.)
+    assert not _running_children() & {r["pid"] for r in results}
 
 
 @pytest.mark.timeout(60)
 def test_failing_rank_raises_with_its_own_traceback_and_stops_the_others():
-    start = time.monotonic()
     with pytest.raises(WorkerError) as info:
         spawn(spawn_workers.fail_on_rank, 2, 1, timeout=40, collective_timeout=30)
-    elapsed = time.monotonic() - start
+    returned = time.monotonic()
     assert info.value.rank == 1 and info.value.exitcode == 1
     assert "ValueError: rank 1 refuses to train" in str(info.value)
     assert "spawn_workers.py" in info.value.details  # the rank's own frame, not the launcher's
-    assert elapsed < 20, "the healthy rank must be stopped, not left to time out"
+    # Timed from the failure, not from the start (start-up varies with the load):
+    # the healthy rank waits in a barrier with a 30 s timeout and must be stopped.
+    raised_at = float(re.search(r"raised at ([0-9.]+)", info.value.details).group(1))
+    assert returned - raised_at < 15, "the healthy rank must be stopped, not left to time out"
 
 
 @pytest.mark.timeout(60)

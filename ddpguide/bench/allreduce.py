@@ -10,6 +10,14 @@ chooses for that size (:func:`~ddpguide.collectives.choose_algorithm`); the
 table says which one that was. Times are medians over repeats of the slowest
 rank; algorithmic bandwidth is ``bytes / time`` (the convention of nccl-tests),
 bus bandwidth multiplies it by the ring's ``2 (N-1) / N``.
+
+A full run measures each world size in three process groups, one after the
+other: with more processes than cores, how fast gloo's own all-reduce runs
+depends on how its threads happen to share the cores, and that is settled
+when the group starts (on a 2-core machine, 4 ranks at 64 MB took either about
+90 ms or about 130 ms for a whole group). Every ratio is computed within one
+group, where all cases ran side by side, and the report gives the median over
+the groups and the range.
 """
 
 from __future__ import annotations
@@ -95,36 +103,62 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes // MIB}MB" if nbytes >= MIB else f"{nbytes // KIB}KB"
 
 
-def build_report(results: dict[int, dict[int, dict[str, float]]]) -> Report:
-    """The suite's report from ``{ranks: measure(...) result}``."""
+Measured = dict[int, dict[str, float]]  # {bytes: {case: seconds}}, one process group
+
+
+def combine_groups(groups: list[Measured]) -> tuple[Measured, Measured]:
+    """Median seconds and median ratio to gloo over process groups, per size and case.
+
+    Each ratio is taken within one group (the cases ran side by side there)
+    before the median over groups is taken.
+    """
+    seconds: Measured = {}
+    vs_gloo: Measured = {}
+    for nbytes in groups[0]:
+        cases = groups[0][nbytes]
+        seconds[nbytes] = {c: statistics.median(g[nbytes][c] for g in groups) for c in cases}
+        vs_gloo[nbytes] = {c: statistics.median(g[nbytes][c] / g[nbytes]["gloo"] for g in groups)
+                           for c in cases}
+    return seconds, vs_gloo
+
+
+def build_report(results: dict[int, Measured | list[Measured]]) -> Report:
+    """The suite's report from ``{ranks: measure(...) result, or a list of them (one per group)}``."""
     report = Report("allreduce")
-    for world, by_size in results.items():
-        header = f"{world} ranks: ms per all-reduce (x gloo's time); hand = collectives.all_reduce"
+    groups = {world: r if isinstance(r, list) else [r] for world, r in results.items()}
+    combined = {world: combine_groups(g) for world, g in groups.items()}
+    for world, (by_size, ratios) in combined.items():
+        header = (f"{world} ranks: ms per all-reduce (x gloo's time); hand = collectives.all_reduce"
+                  + (f"; medians over {len(groups[world])} process groups"
+                     if len(groups[world]) > 1 else ""))
         lines = [header, f"{'size':>6} {'gloo':>8} {'hand':>24} " + " ".join(
             f"{c:>18}" for c in CASES if c != "gloo")]
         for nbytes, times in sorted(by_size.items()):
             chosen = collectives.choose_algorithm(nbytes, world)
-            gloo = times["gloo"]
             for case, seconds in times.items():
                 report.add(f"{world}r {size_label(nbytes)} {case}", seconds * 1e3, "ms",
-                           ranks=world, bytes=nbytes, case=case, vs_gloo=seconds / gloo,
+                           ranks=world, bytes=nbytes, case=case, vs_gloo=ratios[nbytes][case],
                            algbw_GBps=nbytes / seconds / 1e9,
                            busbw_GBps=nbytes / seconds / 1e9 * 2 * (world - 1) / world,
                            bytes_sent_busiest_rank=bytes_sent(case, nbytes, world),
                            chosen_by_hand=(case == chosen))
-            hand = f"{times[chosen] * 1e3:.2f} ({times[chosen] / gloo:.2f}x {chosen})"
-            others = " ".join(f"{times[c] * 1e3:>9.2f} ({times[c] / gloo:4.2f}x)"
+            hand = f"{times[chosen] * 1e3:.2f} ({ratios[nbytes][chosen]:.2f}x {chosen})"
+            others = " ".join(f"{times[c] * 1e3:>9.2f} ({ratios[nbytes][c]:4.2f}x)"
                               for c in CASES if c != "gloo")
-            lines.append(f"{size_label(nbytes):>6} {gloo * 1e3:>8.2f} {hand:>24} {others}")
+            lines.append(f"{size_label(nbytes):>6} {times['gloo'] * 1e3:>8.2f} {hand:>24} {others}")
         lines.append(f"ring traffic: each rank sends and receives 2(N-1)/N = "
                      f"{2 * (world - 1) / world:.2f} x the tensor")
         report.notes.append("\n".join(lines))
     for name, world, nbytes in HEADLINES:
-        times = results.get(world, {}).get(nbytes)
-        if times:
-            chosen = collectives.choose_algorithm(nbytes, world)
-            report.ratios[name] = times[chosen] / times["gloo"]
-            report.ratios[name.replace("ring_", "plain_ring_", 1)] = times["ring"] / times["gloo"]
+        if nbytes not in combined.get(world, ({}, {}))[1]:
+            continue
+        chosen = collectives.choose_algorithm(nbytes, world)
+        for ratio_name, case in ((name, chosen), (name.replace("ring_", "plain_ring_", 1), "ring")):
+            report.ratios[ratio_name] = combined[world][1][nbytes][case]
+            per_group = [g[nbytes][case] / g[nbytes]["gloo"] for g in groups[world]]
+            if len(per_group) > 1:
+                report.notes.append(f"{ratio_name} per process group: "
+                                    + ", ".join(f"{r:.2f}" for r in per_group))
     report.notes.append("ring_over_gloo_*: collectives.all_reduce's choice over gloo (lower is "
                         "better); plain_ring_*: the one-message-per-step ring. Indicative only on a "
                         "shared machine.")
@@ -132,11 +166,13 @@ def build_report(results: dict[int, dict[int, dict[str, float]]]) -> Report:
 
 
 def run(quick: bool = False, sizes: list[int] | None = None,
-        world_sizes: tuple[int, ...] = WORLD_SIZES, repeats: int | None = None) -> Report:
-    """Measure every case for each world size (one spawn each) and build the report."""
+        world_sizes: tuple[int, ...] = WORLD_SIZES, repeats: int | None = None,
+        groups: int | None = None) -> Report:
+    """Measure every case for each world size in ``groups`` process groups; build the report."""
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     repeats = repeats or (3 if quick else 10)
-    results = {world: spawn(measure, world, sizes, repeats, env=MALLOC_ENV, echo=False,
-                            timeout=600)[0]
+    groups = groups or (1 if quick else 3)
+    results = {world: [spawn(measure, world, sizes, repeats, env=MALLOC_ENV, echo=False,
+                             timeout=600)[0] for _ in range(groups)]
                for world in world_sizes}
     return build_report(results)

@@ -47,9 +47,22 @@ def lose_store_host(external_store: bool, epochs: int = 6, step_delay: float = 0
         with LocalCluster(workdir, epochs=epochs, step_delay=step_delay, nnodes="1:2") as cluster:
             if external_store:
                 cluster.start_store()
+            # B's agent starts at once and waits for its cue, so its Python
+            # start-up overlaps A's: B joins while A is still in its first
+            # epochs, however slowly the machine starts processes.
+            node_b = cluster.start_node("B", 2, on_cue=True)
             cluster.start_node("A", 2)
             cluster.wait_for_store(timeout_s)
-            node_b = cluster.start_node("B", 2)
+            deadline = time.monotonic() + timeout_s
+            while not (_first(cluster.all_events, "epoch", 0.0, 2)
+                       and any(e["event"] == "agent_waiting" and e["node"] == "B"
+                               for e in cluster.all_events)):
+                cluster.poll()
+                if time.monotonic() > deadline:
+                    raise TimeoutError("node A never finished an epoch, or node B's agent never "
+                                       "came up")
+                time.sleep(0.05)
+            cluster.join("B")
             deadline = time.monotonic() + timeout_s
             while not _first(cluster.all_events, "epoch", 0.0, 4):
                 cluster.poll()

@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 import websocket
@@ -97,12 +97,16 @@ class Chromium:
             raise CDPError(f"{method} failed: {reply['error']}")
         return reply.get("result", {})
 
-    def wait_event(self, method: str, session: str, timeout: float) -> dict:
-        """Wait for an event (or find it among those already received) and consume it."""
+    def wait_event(self, method: str, session: str, timeout: float,
+                   where: Callable[[dict], bool] = lambda params: True) -> dict:
+        """Wait for an event whose params satisfy ``where`` (or find it among
+        those already received) and consume it."""
+        def match(m: dict) -> bool:
+            return (m.get("method") == method and m.get("sessionId") == session
+                    and where(m.get("params") or {}))
         for i, event in enumerate(self.events):
-            if event.get("method") == method and event.get("sessionId") == session:
+            if match(event):
                 return self.events.pop(i)
-        match = lambda m: m.get("method") == method and m.get("sessionId") == session  # noqa: E731
         event = self._receive(match, timeout, method)
         self.events.remove(event)
         return event
@@ -180,6 +184,9 @@ class Tab:
             "Target.attachToTarget", {"targetId": self.target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Network", "Log"):
             self.send(f"{domain}.enable")
+        # Lifecycle events name the navigation they belong to (its loaderId), so a
+        # late load event of the tab's first about:blank cannot pass for the page's.
+        self.send("Page.setLifecycleEventsEnabled", {"enabled": True})
         self.send("Emulation.setDeviceMetricsOverride", VIEWPORT)
 
     def send(self, method: str, params: dict | None = None, timeout: float = 30.0) -> dict:
@@ -187,14 +194,12 @@ class Tab:
 
     def navigate(self, url: str, timeout: float = 60.0) -> None:
         """Open ``url`` and wait for its load event (scripts, styles and images done)."""
-        self.browser.events[:] = [
-            e for e in self.browser.events
-            if not (e.get("sessionId") == self.session and e.get("method") == "Page.loadEventFired")
-        ]
         reply = self.send("Page.navigate", {"url": url}, timeout)
         if reply.get("errorText"):
             raise CDPError(f"cannot open {url}: {reply['errorText']}")
-        self.browser.wait_event("Page.loadEventFired", self.session, timeout)
+        loader = reply.get("loaderId")
+        self.browser.wait_event("Page.lifecycleEvent", self.session, timeout,
+                                where=lambda p: p.get("name") == "load" and p.get("loaderId") == loader)
         self.collect()
 
     def evaluate(self, expression: str, timeout: float = 60.0) -> Any:
@@ -230,8 +235,6 @@ class Tab:
             elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
                 entry = params["entry"]
                 self.errors.append(f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip())
-            elif method == "Page.loadEventFired":
-                keep.append(event)  # navigate() waits for it
         self.browser.events[:] = keep
 
     def screenshot(self, path: Path, max_height: int = 20000) -> Path:
