@@ -18,8 +18,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from .collectives import all_reduce, worker_device
+from .collectives import all_reduce
 from .models import ToyModel
+from .runtime import worker_device
 
 GLOBAL_BATCH = 24  # divisible by 1, 2, 3 and 4: equal shards for every world size used here
 

@@ -199,3 +199,14 @@ class DistEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+
+
+def worker_device() -> torch.device:
+    """Inside a spawned or torchrun worker: where this rank's tensors live.
+
+    Its own GPU (``LOCAL_RANK``) when the process group runs nccl, else the CPU.
+    """
+    import torch.distributed as dist
+
+    env = DistEnv.from_environ()
+    return select_runtime(env.local_world_size, backend=dist.get_backend()).device(env.local_rank)

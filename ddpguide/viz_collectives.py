@@ -115,7 +115,7 @@ def draw_barrier(ax: Axes, times: Sequence[tuple[float, float]]) -> None:
 
 
 def plot_primitives(per_rank: Sequence[dict], columns: int = 2) -> Figure:
-    """A figure with every primitive of :func:`ddpguide.collectives.primitives_demo`.
+    """A figure with every primitive of :func:`ddpguide.collectives_demos.primitives_demo`.
 
     ``per_rank[r]`` is what rank ``r`` returned.
     """
@@ -156,7 +156,7 @@ def _ring_panel(ax: Axes, states: Sequence[Sequence[torch.Tensor]], step: int) -
 
 
 def plot_ring_steps(states: Sequence[Sequence[torch.Tensor]]) -> Figure:
-    """The ring all-reduce step by step, from :func:`ddpguide.collectives.ring_trace_demo`.
+    """The ring all-reduce step by step, from :func:`ddpguide.collectives_demos.ring_trace_demo`.
 
     ``states[r][s]`` is rank ``r``'s tensor after step ``s`` (0: before).
     Outlined: the chunk each rank received in that step.

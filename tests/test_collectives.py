@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ddpguide import collectives
+from ddpguide import collectives_demos as demos
 from ddpguide.bench import allreduce as bench
 from ddpguide.launch import WorkerError, spawn
 
@@ -20,12 +21,12 @@ TINY_BENCH = ([4096, 2**20], 1, bench.CASES, 1)  # exercises the suite, times no
 
 
 def _run(world: int) -> list[dict]:
-    calls = {"library": (collectives.compare_with_library,),
-             "trace": (collectives.ring_trace_demo, 2),
+    calls = {"library": (demos.compare_with_library,),
+             "trace": (demos.ring_trace_demo, 2),
              "bench": (bench.measure, *TINY_BENCH)}
     if world == 4:
-        calls["primitives"] = (collectives.primitives_demo,)
-    return spawn(collectives.run_several, world, calls, timeout=240, echo=False)
+        calls["primitives"] = (demos.primitives_demo,)
+    return spawn(demos.run_several, world, calls, timeout=240, echo=False)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,7 @@ def test_a_skipped_collective_times_out_with_a_message():
     # Without the process group's timeout the other ranks would wait forever;
     # spawn's own timeout (SpawnTimeout) would then be the failure, not this.
     with pytest.raises(WorkerError) as caught:
-        spawn(collectives.skip_a_collective, 3, 1, "busy", collective_timeout=3, timeout=90,
+        spawn(demos.skip_a_collective, 3, 1, "busy", collective_timeout=3, timeout=90,
               echo=False)
     assert caught.value.rank in (0, 2)
     assert "Timed out waiting 3000ms" in caught.value.details
@@ -194,7 +195,7 @@ def test_a_skipped_collective_times_out_with_a_message():
 @pytest.mark.timeout(120)
 def test_debug_mode_names_the_mismatched_collectives():
     with pytest.raises(WorkerError) as caught:
-        spawn(collectives.skip_a_collective, 3, 1, "next", collective_timeout=30, timeout=90,
+        spawn(demos.skip_a_collective, 3, 1, "next", collective_timeout=30, timeout=90,
               echo=False, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert "Detected mismatch between collectives on ranks" in caught.value.details
     # PyTorch's wording; either side may report first

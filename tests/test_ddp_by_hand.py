@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpguide import collectives, ddp_by_hand
+from ddpguide import collectives_demos, ddp_by_hand
 from ddpguide.launch import spawn
 from ddpguide.models import ToyModel
 
@@ -19,7 +19,7 @@ def _run(world: int) -> list[dict]:
     calls.update({f"ps_{dtype}": (ddp_by_hand.parameter_server, 3, dtype) for dtype in TOLERANCE})
     calls["ddp_auto"] = (ddp_by_hand.compare_with_ddp, 2, torch.float32, 0.1, "auto")
     calls["buckets"] = (ddp_by_hand.bucketing_savings, 3, 4, 1, "recursive_doubling")
-    return spawn(collectives.run_several, world, calls, timeout=240, echo=False)
+    return spawn(collectives_demos.run_several, world, calls, timeout=240, echo=False)
 
 
 @pytest.fixture(scope="module")

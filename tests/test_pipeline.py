@@ -177,7 +177,7 @@ def test_library_pipeline_rejects_ragged_microbatches_before_communicating(data)
 # ----------------------------------------------------------------------------- performance facts
 
 def test_small_batches_on_one_thread_use_the_slow_convolution():
-    from ddpguide.bench.pipeline import count_slow_conv2d
+    from ddpguide.bench.pipeline_cases import count_slow_conv2d
 
     model = pp.build_resnet50().eval()
     # 33 unstrided 1x1 convolutions in ResNet50 leave oneDNN below 16 samples on one thread
@@ -186,7 +186,7 @@ def test_small_batches_on_one_thread_use_the_slow_convolution():
 
 
 def test_time_blocks_gives_one_positive_time_per_block(data):
-    from ddpguide.bench.pipeline import time_blocks
+    from ddpguide.bench.pipeline_cases import time_blocks
 
     model = pp.build_resnet50()
     times = time_blocks(model, data[0][:4], repeats=1)
@@ -209,7 +209,7 @@ def test_benchmark_reports_the_promised_ratios(tmp_path):
 
 
 def test_channels_last_stages_compute_the_same_and_send_contiguous_tensors(data):
-    from ddpguide.bench.pipeline import channels_last_stages
+    from ddpguide.bench.pipeline_cases import channels_last_stages
 
     x, y = data
     model = pp.build_resnet50().eval()

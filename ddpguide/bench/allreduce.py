@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from .. import collectives
 from ..launch import spawn
+from ..runtime import worker_device
 from .report import MALLOC_ENV, Report
 
 KIB, MIB = 2**10, 2**20
@@ -61,7 +62,7 @@ def measure(sizes: list[int], repeats: int, cases: tuple[str, ...] = CASES,
     their latency is noisy (a rank that loses its core waits a scheduler tick,
     milliseconds), so they get at least ``small_samples`` samples.
     """
-    rank, world, device = dist.get_rank(), dist.get_world_size(), collectives.worker_device()
+    rank, world, device = dist.get_rank(), dist.get_world_size(), worker_device()
     # GPU work is asynchronous: wait for it before reading the clock.
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     expected = world * (world + 1) / 2
