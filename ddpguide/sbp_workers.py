@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from . import boxing
+from . import boxing_by_hand, boxing_rules
 from .sbp import (
     B, P, S, as_placements, broadcast_module, device_mesh, from_local, local_regions,
     mesh_device, mesh_device_type, placement, sbp_name, sbp_names, to_global,
@@ -64,7 +64,7 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 
 
 def _comms(mode: CommDebugMode) -> dict[str, int]:
-    return boxing.collective_names(mode.get_comm_counts())
+    return boxing_by_hand.collective_names(mode.get_comm_counts())
 
 
 # ---------------------------------------------------------------- 1D SBP
@@ -133,8 +133,8 @@ def compare_pairs(mesh, shape: Sequence[int], kinds: Sequence = KINDS_1D, seed: 
                     theirs = _cpu(source.redistribute(mesh, dst).to_local())
                 except RuntimeError as exc:  # DTensor's public API refuses B -> P
                     refused = str(exc)
-            with boxing.recording() as events:
-                mine = boxing.redistribute(source.to_local(), mesh, src, dst, shape)
+            with boxing_by_hand.recording() as events:
+                mine = boxing_by_hand.redistribute(source.to_local(), mesh, src, dst, shape)
             mine_full = from_local(mine, mesh, dst, shape).full_tensor()
             records.append({
                 "shape": tuple(shape), "mesh": tuple(mesh.shape), "device_type": mesh.device_type,
@@ -183,9 +183,9 @@ def comparison_rows(records: list[dict], backend: str) -> list[dict]:
     for r in records:
         src = as_placements(r["src_each"], len(r["mesh"]))
         dst = as_placements(r["dst_each"], len(r["mesh"]))
-        steps = boxing.plan(src, dst)
+        steps = boxing_rules.plan(src, dst)
         hand = ", ".join(c for c, _, _ in r["mine_comms"]) or \
-            ", ".join(boxing.rule(s.src, s.dst).how for s in steps) or "nothing"
+            ", ".join(boxing_rules.rule(s.src, s.dst).how for s in steps) or "nothing"
         theirs = ", ".join(f"{k}" + (f" x{v}" if v > 1 else "") for k, v in r["theirs_comms"].items())
         rows.append({
             "from": r["src"], "to": r["dst"], "hand-written": hand,
@@ -333,7 +333,7 @@ def invalid_inputs() -> dict:
         "mesh_too_big_dtensor": _error(lambda: init_device_mesh(mesh_device_type(), (2, world))),
         "placement_outside": _error(lambda: placement(list(range(world + 2)))),
         "sbp_count": _error(lambda: to_global(t, mesh, (B, S(0)))),
-        "partial_kind": _error(lambda: boxing.redistribute_dtensor(source, [Partial("max")])),
+        "partial_kind": _error(lambda: boxing_by_hand.redistribute_dtensor(source, [Partial("max")])),
         "partial_kind_dtensor": _error(lambda: source.redistribute(mesh, [Partial("max")])),
         "world": world,
     }

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.distributed.tensor import Partial
 
-from ddpguide import boxing
-from ddpguide.boxing import BoxingError, _Axis
+from ddpguide import boxing_by_hand, boxing_rules
+from ddpguide.boxing_by_hand import _Axis
+from ddpguide.boxing_rules import BoxingError
 from ddpguide.launch import spawn
 from ddpguide.sbp import B, P, S, as_placements
 from ddpguide.sbp_workers import comparison_rows, run
@@ -31,39 +32,39 @@ def records():
 
 def test_every_pair_has_a_rule():
     kinds = (B, S(0), S(1), P)
-    hows = {(boxing.rule(a, b).src, boxing.rule(a, b).dst): boxing.rule(a, b).how
-            for a in kinds for b in kinds}
+    rule = boxing_rules.rule
+    hows = {(rule(a, b).src, rule(a, b).dst): rule(a, b).how for a in kinds for b in kinds}
     assert hows[("S", "B")] == "all_gather" and hows[("P", "B")] == "all_reduce"
     assert hows[("P", "S")] == "reduce_scatter" and hows[("S", "S'")] == "all_to_all"
     assert hows[("B", "S")] == "local slice" and hows[("B", "P")] == "local scale"
     assert hows[("S", "P")] == "local zero-fill"
-    assert boxing.rule(S(0), S(0)).collective is None and boxing.rule(S(0), S(1)).collective == "all_to_all"
+    assert rule(S(0), S(0)).collective is None and rule(S(0), S(1)).collective == "all_to_all"
 
 
 def test_changing_the_kind_of_reduction_is_refused():
     with pytest.raises(BoxingError, match=r"^P -> P\(max\) would change the pending reduction; "
                                           r"reduce first \(P -> B\), then B -> P\(max\)$"):
-        boxing.rule(P, Partial("max"))
+        boxing_rules.rule(P, Partial("max"))
     with pytest.raises(BoxingError, match=r"hand-written boxing covers P\(sum\) only, got P\(max\)"):
-        boxing.rule(Partial("max"), B)
+        boxing_rules.rule(Partial("max"), B)
     with pytest.raises(BoxingError, match="have different mesh ranks"):
-        boxing.plan((B,), (B, B))
+        boxing_rules.plan((B,), (B, B))
 
 
 def test_rule_table_bytes():
-    rows = {(r["from"], r["to"]): r["bytes sent per rank"] for r in boxing.rule_table(4, 128)}
+    rows = {(r["from"], r["to"]): r["bytes sent per rank"] for r in boxing_rules.rule_table(4, 128)}
     assert rows[("S(0)", "B")] == 96 and rows[("P", "B")] == 192
     assert rows[("P", "S(1)")] == 96 and rows[("S(0)", "S(1)")] == 24
     assert rows[("B", "P")] == rows[("S(1)", "P")] == rows[("B", "S(0)")] == 0
-    text = boxing.markdown_table(boxing.rule_table(4, 128), ["from", "to", "how"])
+    text = boxing_rules.markdown_table(boxing_rules.rule_table(4, 128), ["from", "to", "how"])
     assert text.splitlines()[:3] == ["| from | to | how |", "|---|---|---|", "| B | B | nothing |"]
 
 
 def test_nested_splits_are_undone_inner_first():
-    steps = [str(s) for s in boxing.plan((S(0), S(0)), (B, S(0)))]
+    steps = [str(s) for s in boxing_rules.plan((S(0), S(0)), (B, S(0)))]
     assert steps == ["mesh dim 1: S(0) -> B (all_gather)", "mesh dim 0: S(0) -> B (all_gather)",
                      "mesh dim 1: B -> S(0) (local slice)"]
-    assert [str(s) for s in boxing.plan((B, S(0)), (S(1), S(0)))] == \
+    assert [str(s) for s in boxing_rules.plan((B, S(0)), (S(1), S(0)))] == \
         ["mesh dim 0: B -> S(1) (local slice)"]
 
 
@@ -71,12 +72,12 @@ def test_nested_splits_are_undone_inner_first():
 def test_local_steps_without_communication(rows):
     x = torch.arange(rows * 3, dtype=torch.float64).reshape(rows, 3)
     axes = [_Axis(None, 4, k, 0) for k in range(4)]
-    pieces = [boxing.take_chunk(x, 0, a) for a in axes]
+    pieces = [boxing_by_hand.take_chunk(x, 0, a) for a in axes]
     expected = list(x.chunk(4)) + [x[:0]] * (4 - len(x.chunk(4)))
     assert all(torch.equal(p, e) for p, e in zip(pieces, expected))
     for zero_fill in (False, True):
-        assert torch.equal(sum(boxing.split_into_partials(x, a, zero_fill) for a in axes), x)
-    filled = [boxing.shard_to_partial(p, 0, x.shape, a) for p, a in zip(pieces, axes)]
+        assert torch.equal(sum(boxing_by_hand.split_into_partials(x, a, zero_fill) for a in axes), x)
+    filled = [boxing_by_hand.shard_to_partial(p, 0, x.shape, a) for p, a in zip(pieces, axes)]
     assert all(f.shape == x.shape for f in filled) and torch.equal(sum(filled), x)
 
 
@@ -117,7 +118,7 @@ def test_1d_collectives_and_bytes_match_the_table(records):
             continue
         n = r["mesh"][0]
         src, dst = as_placements(r["src_each"], 1)[0], as_placements(r["dst_each"], 1)[0]
-        rule = boxing.rule(src, dst)
+        rule = boxing_rules.rule(src, dst)
         ours = [c for c, _, _ in r["mine_comms"]]
         assert ours == ([rule.collective] if rule.collective else []), (r["src"], r["dst"])
         if r["shape"][0] % n == 0 and r["shape"][1] % n == 0:
