@@ -11,3 +11,24 @@ from process_guard import guard
 def no_leftover_processes():
     """Fail a test whose child processes are still alive 5 s after it ends."""
     yield from guard()
+
+
+@pytest.fixture(scope="module")
+def spawned(request):
+    """``spawned(world)``: every rank's results of the test module's ``_calls(world)``.
+
+    The calls run one after another in one process group per world size, started
+    once for the module (a start costs seconds), through ``run_several``.
+    """
+    from ddpguide.collectives_demos import run_several
+    from ddpguide.launch import spawn
+
+    cache: dict[int, list[dict]] = {}
+
+    def results(world: int) -> list[dict]:
+        if world not in cache:
+            cache[world] = spawn(run_several, world, request.module._calls(world),
+                                 timeout=240, echo=False)
+        return cache[world]
+
+    return results

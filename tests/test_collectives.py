@@ -20,30 +20,19 @@ from ddpguide.launch import WorkerError, spawn
 TINY_BENCH = ([4096, 2**20], 1, bench.CASES, 1)  # exercises the suite, times nothing
 
 
-def _run(world: int) -> list[dict]:
+def _calls(world: int) -> dict[str, tuple]:
     calls = {"library": (demos.compare_with_library,),
              "trace": (demos.ring_trace_demo, 2),
              "bench": (bench.measure, *TINY_BENCH)}
     if world == 4:
         calls["primitives"] = (demos.primitives_demo,)
-    return spawn(demos.run_several, world, calls, timeout=240, echo=False)
-
-
-@pytest.fixture(scope="module")
-def runs() -> dict[int, list[dict]]:
-    return {}
-
-
-def _results(runs: dict, world: int) -> list[dict]:
-    if world not in runs:
-        runs[world] = _run(world)
-    return runs[world]
+    return calls
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_hand_written_all_reduces_equal_gloo(runs, world):
-    per_rank = _results(runs, world)
+def test_hand_written_all_reduces_equal_gloo(spawned, world):
+    per_rank = spawned(world)
     expected_keys = {(name, size, dtype, kind)
                      for name in (*collectives.ALGORITHMS, "pipelined_ring/64B", "auto")
                      for size in (1, 7, 1001) for dtype in (torch.float32, torch.float64)
@@ -67,9 +56,9 @@ def test_hand_written_all_reduces_equal_gloo(runs, world):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_ring_trace_follows_the_schedule(runs, world):
+def test_ring_trace_follows_the_schedule(spawned, world):
     per_chunk = 2
-    states = [r["trace"] for r in _results(runs, world)]
+    states = [r["trace"] for r in spawned(world)]
     total = sum(10.0**r for r in range(world))
     for rank in range(world):
         assert len(states[rank]) == 2 * (world - 1) + 1
@@ -85,8 +74,8 @@ def test_ring_trace_follows_the_schedule(runs, world):
 
 
 @pytest.mark.timeout(240)
-def test_primitives_move_what_they_promise(runs):
-    per_rank = [r["primitives"] for r in _results(runs, 4)]
+def test_primitives_move_what_they_promise(spawned):
+    per_rank = [r["primitives"] for r in spawned(4)]
     world = 4
     vec = [torch.arange(world, dtype=torch.float32) + 10 * r for r in range(world)]
     total = sum(vec)
@@ -110,8 +99,8 @@ def test_primitives_move_what_they_promise(runs):
 
 
 @pytest.mark.timeout(240)
-def test_benchmark_report_from_real_measurements(runs, tmp_path):
-    results = {world: _results(runs, world)[0]["bench"] for world in (2, 4)}
+def test_benchmark_report_from_real_measurements(spawned, tmp_path):
+    results = {world: spawned(world)[0]["bench"] for world in (2, 4)}
     for by_size in results.values():
         assert sorted(by_size) == TINY_BENCH[0]
         for times in by_size.values():

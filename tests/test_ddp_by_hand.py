@@ -7,30 +7,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpguide import collectives_demos, ddp_by_hand
-from ddpguide.launch import spawn
+from ddpguide import ddp_by_hand
 from ddpguide.models import ToyModel
 
 TOLERANCE = {torch.float32: 1e-6, torch.float64: 1e-12}
 
 
-def _run(world: int) -> list[dict]:
+def _calls(world: int) -> dict[str, tuple]:
     calls = {f"ddp_{dtype}": (ddp_by_hand.compare_with_ddp, 3, dtype) for dtype in TOLERANCE}
     calls.update({f"ps_{dtype}": (ddp_by_hand.parameter_server, 3, dtype) for dtype in TOLERANCE})
     calls["ddp_auto"] = (ddp_by_hand.compare_with_ddp, 2, torch.float32, 0.1, "auto")
     calls["buckets"] = (ddp_by_hand.bucketing_savings, 3, 4, 1, "recursive_doubling")
-    return spawn(collectives_demos.run_several, world, calls, timeout=240, echo=False)
-
-
-@pytest.fixture(scope="module")
-def runs() -> dict[int, list[dict]]:
-    return {}
-
-
-def _results(runs: dict, world: int) -> list[dict]:
-    if world not in runs:
-        runs[world] = _run(world)
-    return runs[world]
+    return calls
 
 
 def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -41,8 +29,8 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [3, 4])
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-def test_ring_averaging_gives_ddp_and_single_process_parameters(runs, world, dtype):
-    per_rank = [r[f"ddp_{dtype}"] for r in _results(runs, world)]
+def test_ring_averaging_gives_ddp_and_single_process_parameters(spawned, world, dtype):
+    per_rank = [r[f"ddp_{dtype}"] for r in spawned(world)]
     torch.manual_seed(0)  # the start: the same seed as the workers
     initial = dict(ToyModel().to(dtype).named_parameters())
     for result in per_rank:
@@ -58,14 +46,14 @@ def test_ring_averaging_gives_ddp_and_single_process_parameters(runs, world, dty
 
 
 @pytest.mark.timeout(240)
-def test_auto_algorithm_also_matches_ddp(runs):
-    for result in _results(runs, 4):
+def test_auto_algorithm_also_matches_ddp(spawned):
+    for result in spawned(4):
         assert _max_diff(result["ddp_auto"]["by_hand"], result["ddp_auto"]["ddp"]) <= 1e-6
 
 
 @pytest.mark.timeout(240)
-def test_buckets_start_during_backward_from_the_last_layer(runs):
-    launches = _results(runs, 4)[0][f"ddp_{torch.float32}"]["bucket_launches"]
+def test_buckets_start_during_backward_from_the_last_layer(spawned):
+    launches = spawned(4)[0][f"ddp_{torch.float32}"]["bucket_launches"]
     # bucket_cap 256 bytes: net2 (200 + 20 bytes) and net1.bias share one, net1.weight is alone
     assert launches == [(0, ["net2.bias", "net2.weight", "net1.bias"], 1),
                         (1, ["net1.weight"], 0)]
@@ -74,8 +62,8 @@ def test_buckets_start_during_backward_from_the_last_layer(runs):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [3, 4])
 @pytest.mark.parametrize("dtype", list(TOLERANCE))
-def test_parameter_server_equals_sgd_on_one_process(runs, world, dtype):
-    per_rank = [r[f"ps_{dtype}"] for r in _results(runs, world)]
+def test_parameter_server_equals_sgd_on_one_process(spawned, world, dtype):
+    per_rank = [r[f"ps_{dtype}"] for r in spawned(world)]
     for result in per_rank:
         assert result["parameters"].dtype == dtype
         assert (result["parameters"] - result["single"]).abs().max().item() <= TOLERANCE[dtype]
@@ -83,8 +71,8 @@ def test_parameter_server_equals_sgd_on_one_process(runs, world, dtype):
 
 
 @pytest.mark.timeout(240)
-def test_bucketing_measurement_reports_both_cases(runs):
-    result = _results(runs, 4)[0]["buckets"]
+def test_bucketing_measurement_reports_both_cases(spawned):
+    result = spawned(4)[0]["buckets"]
     assert result["parameters"] == 6 and result["bytes"] == 3 * (4 * 4 + 4) * 4
     assert result["per_parameter_s"] > 0 and result["one_bucket_s"] > 0
     assert result["ratio"] == result["per_parameter_s"] / result["one_bucket_s"]
