@@ -33,12 +33,13 @@ def rank_print(*values: object, all_ranks: bool = False, **kwargs) -> None:
     """Print with a ``[rank N]`` prefix; by default only rank 0 prints."""
     rank = current_rank()
     if all_ranks or rank == 0:
-        sep, end = kwargs.get("sep") or " ", kwargs.get("end", "\n")
+        sep, end = kwargs.get("sep"), kwargs.get("end")
+        sep, end = " " if sep is None else sep, "\n" if end is None else end  # as print does
         stream = kwargs.get("file") or sys.stdout
         # One write per line: unbuffered output (PYTHONUNBUFFERED, torchrun's
         # workers) would otherwise write the prefix, each value and the newline
         # separately, and another rank's line could land between them.
-        stream.write(sep.join(map(str, (f"[rank {rank}]", *values))) + (end or ""))
+        stream.write(sep.join(map(str, (f"[rank {rank}]", *values))) + end)
         if kwargs.get("flush", True):
             stream.flush()
 
