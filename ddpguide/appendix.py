@@ -73,6 +73,9 @@ def machine_summary() -> str:
             f"torch {info['torch']}, Python {info['python']}")
 
 
+STDERR_LINES = 60
+
+
 def run_suite(name: str, quick: bool = True, timeout_s: float = 600.0) -> dict:
     """Run ``python -m ddpguide.bench NAME`` in a fresh process; return its JSON report."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,8 +86,11 @@ def run_suite(name: str, quick: bool = True, timeout_s: float = 600.0) -> dict:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
         if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"benchmark suite {name!r} failed: {last}")
+            # The end of the traceback and what the suite wrote before it: its
+            # error messages carry the logs of the processes that failed.
+            tail = "\n".join(proc.stderr.strip().splitlines()[-STDERR_LINES:]) or "(no output)"
+            raise RuntimeError(f"benchmark suite {name!r} failed (exit code {proc.returncode}):\n"
+                               f"{tail}")
         return json.loads(out.read_text())
 
 

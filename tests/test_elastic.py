@@ -264,3 +264,48 @@ def test_workers_die_with_their_agent(tmp_path):
             _assert_all_dead(tree)
         finally:
             signal_all(tree, signal.SIGKILL)  # the orphans a failure would leave
+
+
+@pytest.mark.timeout(60)
+def test_waiting_for_the_store_reports_an_agent_that_exited_at_once(tmp_path):
+    from ddpguide.elastic.cluster import LocalCluster
+
+    with LocalCluster(tmp_path, nnodes="3:2") as cluster:  # every agent refuses this
+        cluster.start_node("A", 1)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"node A exited with code 2 before the rendezvous "
+                                               r"store on port \d+ was up; its log ends:\n") as info:
+            cluster.wait_for_store(45)
+    assert "the minimum (3) is larger than the maximum (2)" in str(info.value)
+    assert time.monotonic() - started < 30  # not the whole 45 s
+
+
+@pytest.mark.timeout(60)
+def test_a_port_bound_for_a_moment_by_another_agent_is_not_refused():
+    """Something bound but not listening is no reason to refuse the endpoint."""
+    from ddpguide.elastic.node import check_endpoint
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        check_endpoint(AgentSettings(rdzv_endpoint=f"127.0.0.1:{probe.getsockname()[1]}"))
+
+
+def test_checking_the_endpoint_never_binds_its_port(monkeypatch):
+    """Two agents start together: the one that is not the host must not hold the
+    port even for a moment, or the host fails to bind its store there and
+    quietly becomes a client of a store that never comes."""
+    from ddpguide.elastic.node import check_endpoint
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    bound = []
+    real_bind = socket.socket.bind
+
+    def spy(self, address):
+        bound.append(address)
+        return real_bind(self, address)
+
+    monkeypatch.setattr(socket.socket, "bind", spy)
+    check_endpoint(AgentSettings(rdzv_endpoint=f"127.0.0.1:{port}"))
+    assert [a for a in bound if a[1] == port] == []

@@ -118,15 +118,26 @@ class LocalCluster:
         return node
 
     def wait_for_store(self, timeout_s: float = 60.0) -> None:
-        """Block until something listens on the rendezvous port (the first agent's store)."""
+        """Block until something listens on the rendezvous port (the first agent's store).
+
+        Raises at once, with the agent's log, when an agent that should be
+        starting has exited instead; after ``timeout_s`` with every agent's log.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with socket.socket() as sock:
                 sock.settimeout(0.5)
                 if sock.connect_ex((LOOPBACK, self.port)) == 0:
                     return
+            for name, node in self.nodes.items():
+                if node.stopped is None and not node.alive:
+                    raise RuntimeError(
+                        f"node {name} exited with code {node.process.returncode} before the "
+                        f"rendezvous store on port {self.port} was up; its log ends:\n"
+                        f"{self.log_tail(name)}")
             time.sleep(0.05)
-        raise TimeoutError(f"no rendezvous store on port {self.port} after {timeout_s:g} s")
+        logs = "\n".join(f"--- node {name} ---\n{self.log_tail(name)}" for name in self.nodes)
+        raise TimeoutError(f"no rendezvous store on port {self.port} after {timeout_s:g} s\n{logs}")
 
     # -- disturbing -------------------------------------------------------
     def join(self, name: str) -> float:

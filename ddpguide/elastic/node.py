@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -82,11 +83,23 @@ def store_answers(host: str, port: int, wait_s: float = 3.0) -> bool:
 def check_endpoint(settings: AgentSettings) -> None:
     """Refuse an endpoint whose port on this machine is held by something that is not a store."""
     host, port = parse_endpoint(settings.rdzv_endpoint)
-    if not is_local_host(host) or port_is_free(host, port):
+    # Only a connection tells: binding the port to test it would hold it for a
+    # moment, and an agent starting beside this one could then fail to bind its
+    # store there and quietly become a client of a store that never comes.
+    if not is_local_host(host) or not _listening(host, port):
         return  # a remote store, or one this agent will host
     if not store_answers(host, port):
         raise UsageError(f"--rdzv-endpoint {settings.rdzv_endpoint}: port {port} is in use "
                          "by another program, not a c10d store; pick a free port")
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    try:
+        socket.create_connection((host, port), timeout=2.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def check_checkpoint(path: str) -> None:
