@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from process_guard import guard
 
 
@@ -20,8 +19,8 @@ def spawned(request):
     The calls run one after another in one process group per world size, started
     once for the module (a start costs seconds), through ``run_several``.
     """
-    from ddpguide.collectives_demos import run_several
-    from ddpguide.launch import spawn
+    from ddpguide.collectives.demos import run_several
+    from ddpguide.launch.spawn import spawn
 
     cache: dict[int, list[dict]] = {}
 

@@ -226,8 +226,8 @@ def test_kernel_is_this_environment_in_book_with_the_package(kernel: Kernel):
 def test_spawn_from_a_lab_kernel_echoes_ranks_and_leaves_no_child(kernel: Kernel):
     reply = kernel.execute(
         "import multiprocessing\n"
-        "from ddpguide.launch import spawn\n"
-        "from ddpguide.ranklog import rank_print\n"
+        "from ddpguide.launch.spawn import spawn\n"
+        "from ddpguide.core.ranklog import rank_print\n"
         "results = spawn(rank_print, 2, 'hello from a JupyterLab kernel', all_ranks=True, timeout=120)\n"
         "print('results', results)\n"
         "print('children', len(multiprocessing.active_children()))\n",

@@ -5,14 +5,14 @@ that a noisy machine affects both sides of a comparison alike. A suite is a
 module ``ddpguide.bench.<name>`` with a function ``run(quick: bool) -> Report``.
 """
 
-from .report import Measurement, Report, machine_info
+from ddpguide.bench.report import Measurement, Report, machine_info
 
 SUITES = {
     "ddp": "DDP overhead and scaling (chapter 1)",
-    "allreduce": "hand-written ring all-reduce vs gloo (chapter 0)",
-    "elastic": "elastic recovery times (chapter 3)",
-    "pipeline": "model and pipeline parallelism (chapter 4)",
-    "amp": "mixed precision step time and memory (chapter 6)",
+    "allreduce": "hand-written ring all-reduce vs gloo (chapter 2)",
+    "elastic": "elastic recovery times (chapter 4)",
+    "pipeline": "model and pipeline parallelism (chapter 5)",
+    "amp": "mixed precision step time and memory (chapter 7)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-from . import SUITES
+from ddpguide.bench import SUITES
 
 
 def main(argv: list[str] | None = None) -> int:

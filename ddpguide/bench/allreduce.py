@@ -3,10 +3,10 @@
 ``python -m ddpguide.bench allreduce [--quick] [--json FILE]``
 
 Cases: ``gloo`` (``dist.all_reduce``), and the algorithms of
-:mod:`ddpguide.collectives`: ``naive``, ``ring`` (one message per step),
+:mod:`ddpguide.collectives.algorithms`: ``naive``, ``ring`` (one message per step),
 ``pipelined_ring`` (segments in flight) and ``recursive_doubling``. The
 headline ``hand`` figure is the algorithm that ``collectives.all_reduce``
-chooses for that size (:func:`~ddpguide.collectives.choose_algorithm`); the
+chooses for that size (:func:`~ddpguide.collectives.algorithms.choose_algorithm`); the
 table says which one that was. Times are medians over repeats of the slowest
 rank; algorithmic bandwidth is ``bytes / time`` (the convention of nccl-tests),
 bus bandwidth multiplies it by the ring's ``2 (N-1) / N``.
@@ -29,10 +29,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import collectives
-from ..launch import spawn
-from ..runtime import worker_device
-from .report import MALLOC_ENV, Report
+from ddpguide.bench.report import MALLOC_ENV, Report
+from ddpguide.collectives import algorithms as collectives
+from ddpguide.core.runtime import worker_device
+from ddpguide.launch.spawn import spawn
 
 KIB, MIB = 2**10, 2**20
 SIZES = [4 * KIB * 4**k for k in range(8)]  # 4 KB ... 64 MB

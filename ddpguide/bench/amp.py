@@ -9,7 +9,7 @@ their timed steps interleaved so that a noisy machine slows both alike.
 Memory is measured two ways:
 
 * ``activations``: bytes autograd saves for backward during one forward pass
-  (:func:`ddpguide.amp.saved_activation_bytes`), on every device. It is
+  (:func:`ddpguide.train.amp.saved_activation_bytes`), on every device. It is
   deterministic and it is what mixed precision shrinks; process RSS on CPU is
   neither (the allocator keeps freed pages, other work shares the process);
 * ``peak``: ``torch.cuda.max_memory_allocated`` during one step, on GPUs only.
@@ -23,12 +23,18 @@ import time
 import torch
 from torch import nn
 
-from ..amp import (AmpSettings, autocast, cpu_has_native_bf16, make_scaler, resolve_amp,
-                   saved_activation_bytes)
-from ..launch import spawn
-from ..models import ConvNet
-from ..runtime import select_runtime
-from .report import MALLOC_ENV, Report
+from ddpguide.bench.report import MALLOC_ENV, Report
+from ddpguide.core.models import ConvNet
+from ddpguide.core.runtime import select_runtime
+from ddpguide.launch.spawn import spawn
+from ddpguide.train.amp import (
+    AmpSettings,
+    autocast,
+    cpu_has_native_bf16,
+    make_scaler,
+    resolve_amp,
+    saved_activation_bytes,
+)
 
 MIB = 2 ** 20
 

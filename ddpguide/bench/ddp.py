@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..launch import spawn
-from ..models import ConvNet, ToyModel
-from .report import MALLOC_ENV, Report
+from ddpguide.bench.report import MALLOC_ENV, Report
+from ddpguide.core.models import ConvNet, ToyModel
+from ddpguide.launch.spawn import spawn
 
 CASES = {
     # name: (model factory kwargs, input shape per sample, classes)

@@ -5,7 +5,7 @@ B joins a running A (*join*), B is lost to SIGKILL of its agent and workers
 (*node loss*), one of A's workers is killed (*worker crash*). Each time is
 from the disturbance to the first training step of the new worker group.
 torchrun's side gets only the store-sharing workaround (without it the join
-hangs, see chapter 3).
+hangs, see chapter 4).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .report import Report
+from ddpguide.bench.report import Report
 
 CASES = ("join", "node_loss", "worker_crash")
 
@@ -59,7 +59,7 @@ def scenario(workdir: Path, torchrun_defaults: bool, nproc: int = 2, nnodes: str
     closes without waiting for the last call; C's agent starts too but joins
     only on cue.
     """
-    from ..elastic.cluster import LocalCluster
+    from ddpguide.elastic.cluster import LocalCluster
 
     limit = 150.0 if torchrun_defaults else 60.0
     both, one = 2 * nproc, nproc  # world sizes with two nodes and with one
@@ -98,8 +98,12 @@ def run(quick: bool = False) -> Report:
     torchrun's side alone needs over a minute even in quick mode: losing a
     node costs it 15 s of missed heartbeats plus a 30 s last call.
     """
-    from ..elastic.settings import (TORCHRUN_MONITOR_INTERVAL, TORCHRUN_RDZV_CONF,
-                                    TUNED_MONITOR_INTERVAL, TUNED_RDZV_CONF)
+    from ddpguide.elastic.settings import (
+        TORCHRUN_MONITOR_INTERVAL,
+        TORCHRUN_RDZV_CONF,
+        TUNED_MONITOR_INTERVAL,
+        TUNED_RDZV_CONF,
+    )
 
     repeats, nproc = (1, 1) if quick else (3, 2)
     report = Report("elastic")

@@ -25,10 +25,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..pipeline import SEED_SPLIT, num_microbatches
-from .pipeline_cases import BALANCED, BASELINES, Case, measure
-from .pipeline_report import pipeline_rows, plot_sweep, seed_table, stage_times
-from .report import Report
+from ddpguide.bench.pipeline_cases import BALANCED, BASELINES, Case, measure
+from ddpguide.bench.pipeline_report import (
+    pipeline_rows,
+    plot_sweep,
+    seed_table,
+    stage_times,
+)
+from ddpguide.bench.report import Report
+from ddpguide.pipeline.stages import SEED_SPLIT, num_microbatches
 
 DEFAULT_PLOT = "bench-results/pipeline_split_size_tradeoff.png"
 

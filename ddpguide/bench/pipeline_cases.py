@@ -10,10 +10,7 @@ timers, the input batch, and a count of the convolutions that fall back to ``_sl
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -22,12 +19,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..launch import spawn
-from ..model_parallel import ModelParallelResNet50, default_devices, load_resnet_weights
-from ..pipeline import (SEED_SPLIT, balanced_split, batch_loss, build_resnet50, build_schedule,
-                        library_step, model_blocks, num_microbatches, split_model)
-from ..runtime import DistEnv, select_runtime
-from .report import MALLOC_ENV
+from ddpguide.bench.pipeline_timing import synchronize, time_blocks
+from ddpguide.bench.report import MALLOC_ENV
+from ddpguide.core.runtime import worker_device
+from ddpguide.launch.spawn import spawn
+from ddpguide.pipeline.model_parallel import (
+    ModelParallelResNet50,
+    default_devices,
+    load_resnet_weights,
+)
+from ddpguide.pipeline.schedules import build_schedule, library_step
+from ddpguide.pipeline.stages import (
+    SEED_SPLIT,
+    balanced_split,
+    batch_loss,
+    build_resnet50,
+    model_blocks,
+    split_model,
+)
 
 NUM_CLASSES = 1000
 
@@ -68,48 +77,6 @@ def channels_last_stages(stages: Sequence[nn.Module]) -> list[nn.Sequential]:
             parts.append(Relayout(torch.contiguous_format))
         wrapped.append(nn.Sequential(*parts))
     return wrapped
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work before reading a clock (CPU ops are already done).
-    Every GPU, since a model-parallel step spans two."""
-    if device.type == "cuda":
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)
-
-
-def time_blocks(model: nn.Module, x: torch.Tensor, repeats: int = 3) -> list[float]:
-    """Median seconds of forward plus backward of each block of :func:`model_blocks`
-    at the batch size of ``x`` (one warm-up round first): what :func:`balanced_split` needs.
-
-    On the CPU this is the thread's CPU time, which other programs competing for the
-    cores do not inflate (run it with one thread); on a GPU, synchronised wall time.
-    """
-    clock = time.thread_time if x.device.type == "cpu" else time.perf_counter
-
-    blocks = [b for _, b in model_blocks(model)]
-    samples: list[list[float]] = [[] for _ in blocks]
-    for round_ in range(repeats + 1):
-        saved, out = [], x
-        for j, block in enumerate(blocks):
-            # Cut the graph between blocks so each backward can be timed alone.
-            inp = out.detach().requires_grad_(j > 0)
-            synchronize(x.device)
-            start = clock()
-            out = block(inp)
-            synchronize(x.device)
-            saved.append((inp, out, clock() - start))
-        grad = torch.ones_like(out)
-        for j in reversed(range(len(blocks))):
-            inp, out, forward_s = saved[j]
-            start = clock()
-            out.backward(grad)
-            synchronize(x.device)
-            if round_:
-                samples[j].append(forward_s + clock() - start)
-            grad = inp.grad
-    model.zero_grad(set_to_none=True)
-    return [statistics.median(s) for s in samples]
 
 
 def balanced_split_point(block_times: list[float], names: list[str]) -> str:
@@ -205,12 +172,11 @@ def _runner(case: Case, model, rank: int, x, y, balanced: str, channels_last: bo
     stage = (channels_last_stages(stages) if channels_last else stages)[rank].to(device)
     opt = torch.optim.SGD(stage.parameters(), lr=1e-3)
     batch = x.shape[0]
-    schedule = build_schedule(case.schedule, stage, num_microbatches(batch, case.split_size),
-                              batch_loss(batch), device)
+    pipe = build_schedule(case.schedule, stage, batch, case.split_size, batch_loss(batch), device)
 
     def pipeline_step() -> None:
         opt.zero_grad(set_to_none=True)
-        library_step(schedule, x, y, case.split_size)
+        library_step(pipe, x, y)
         opt.step()
     return pipeline_step
 
@@ -221,13 +187,12 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
     then run all cases in ``rounds`` interleaved rounds of ``repeats`` steps each (plus one
     warm-up step the first time), so a burst of load from elsewhere hits every case alike.
     Returns this rank's seconds per step, per case and round."""
-    env = DistEnv.from_environ()
-    device = select_runtime(env.local_world_size, backend=dist.get_backend()).device(env.local_rank)
+    device = worker_device()
     model = _prepare(build_resnet50(0, NUM_CLASSES), channels_last).to(device)
     x, y = make_batch(batch, image_size, channels_last, device)
     names = [name for name, _ in model_blocks(model)]
     profile = [None, None]
-    if env.rank == 0:
+    if dist.get_rank() == 0:
         blocks = time_blocks(model, x[:profile_size], repeats=max(2, repeats))
         profile = [blocks, balanced_split_point(blocks, names)]
     dist.broadcast_object_list(profile, src=0)
@@ -235,7 +200,7 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
     # A balanced case that resolves to the seed's cut is not measured twice.
     first_of: dict[str, int] = {}
     same_as = [first_of.setdefault(c.name(balanced), i) for i, c in enumerate(cases)]
-    runners = [_runner(c, model, env.rank, x, y, balanced, channels_last, device)
+    runners = [_runner(c, model, dist.get_rank(), x, y, balanced, channels_last, device)
                if same_as[i] == i else None for i, c in enumerate(cases)]
     times = [[[] for _ in range(rounds)] for _ in cases]
     for r in range(rounds):
@@ -274,26 +239,3 @@ def measure(cases: list[Case], batch: int, image_size: int, rounds: int = 1, rep
             "block_names": rank0["block_names"], "balanced": rank0["balanced"]}
 
 
-def count_slow_conv2d(model: torch.nn.Module, x: torch.Tensor) -> int:
-    """How many convolutions of one forward pass ATen sends to its native
-    ``_slow_conv2d`` kernel instead of oneDNN (the small-batch, one-thread cliff)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.no_grad(), _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        model(x)
-    return sum(e.count for e in prof.key_averages() if e.key == "aten::_slow_conv2d_forward")
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The profiler's C++ side logs start/stop lines straight to file descriptor 2."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)

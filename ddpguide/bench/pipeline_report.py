@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .pipeline_cases import BALANCED
+from ddpguide.bench.pipeline_cases import BALANCED
 
 # The seed article's figures: ResNet50, 128x128 images, batch 120, two GPUs.
 SEED_SECONDS = {"single": 3.75, "model_parallel": 4.02, "pipeline_split20": 2.51, "pipeline_split12": 2.43}

@@ -5,11 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -89,18 +86,6 @@ class Report:
 
     def write_json(self, path: str | os.PathLike) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``fn`` in seconds over ``repeats`` calls after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 # Both sides of a comparison run with the same allocator settings: glibc's default

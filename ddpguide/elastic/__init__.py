@@ -9,7 +9,7 @@ atomic checkpoint after every change of membership.
 This module imports nothing heavy: every worker restart imports it.
 """
 
-from .settings import (
+from ddpguide.elastic.settings import (
     STORE_SHARING_WORKAROUND,
     TORCHRUN_MONITOR_INTERVAL,
     TORCHRUN_RDZV_CONF,

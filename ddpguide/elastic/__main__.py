@@ -7,7 +7,11 @@ import os
 import sys
 from pathlib import Path
 
-from .settings import TUNED_MONITOR_INTERVAL, TUNED_RDZV_CONF, UsageError
+from ddpguide.elastic.settings import (
+    TUNED_MONITOR_INTERVAL,
+    TUNED_RDZV_CONF,
+    UsageError,
+)
 
 SECURITY = ("The c10d rendezvous store and the workers' store listen on every network "
             "interface and have no authentication: run this on trusted networks only.")
@@ -107,8 +111,8 @@ def _check_demo(args) -> None:
 
 
 def _demo(args) -> int:
-    from .demo import DemoError, DemoSettings, run_demo
-    from .report import summary
+    from ddpguide.elastic.demo import DemoError, DemoSettings, run_demo
+    from ddpguide.elastic.report import summary
 
     _check_demo(args)
     settings = DemoSettings(epochs=args.epochs, step_delay=args.step_delay,
@@ -136,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "demo":
             return _demo(args)
         if args.mode == "node":
-            from .node import run_node
+            from ddpguide.elastic.node import run_node
 
             return run_node(args)
-        from .node import run_store
+        from ddpguide.elastic.node import run_store
 
         return run_store(args)
     except UsageError as exc:

@@ -19,9 +19,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .events import EventTail
-from .processes import DIE_WITH_PARENT_ENV, descendants, signal_all
-from .settings import free_port
+from ddpguide.core.processes import (
+    DIE_WITH_PARENT_ENV,
+    descendants,
+    signal_all,
+    store_port,
+)
+from ddpguide.elastic.events import EventTail
 
 LOOPBACK = "127.0.0.1"
 # gloo picks the interface of the machine's hostname unless told otherwise.
@@ -55,7 +59,7 @@ class LocalCluster:
     max_restarts: int = 3
     torchrun_defaults: bool = False
     samples: int = 256
-    port: int = field(default_factory=free_port)
+    port: int = field(default_factory=store_port)
     nodes: dict[str, Node] = field(default_factory=dict)
     all_events: list[dict] = field(default_factory=list)
     store: subprocess.Popen | None = None

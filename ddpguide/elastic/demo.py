@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .cluster import LocalCluster
-from .report import RunLog, build_report
+from ddpguide.elastic.cluster import LocalCluster
+from ddpguide.elastic.report import RunLog, build_report
 
 # How many finished epochs each phase lasts before the next disturbance.
 EPOCHS_BEFORE_JOIN = 2
@@ -141,7 +141,7 @@ def run_cli(args: list[str], timeout_s: float = 150.0,
     import sys
     import threading
 
-    from .processes import descendants, signal_all
+    from ddpguide.core.processes import descendants, signal_all
 
     child = subprocess.Popen([sys.executable, "-m", "ddpguide.elastic", *args],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -54,8 +54,3 @@ class EventTail:
         lines = (self._pending + chunk).split(b"\n")
         self._pending = lines.pop()  # an incomplete last line waits for the next poll
         return [json.loads(line) for line in lines if line.strip()]
-
-
-def read_events(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete event in the file, in order of writing."""
-    return EventTail(path).poll()

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .cluster import LocalCluster
+from ddpguide.elastic.cluster import LocalCluster
 
 
 def _first(events: list[dict], event: str, after: float, world_size: int | None = None):
@@ -78,7 +78,7 @@ def lose_store_host(external_store: bool, epochs: int = 6, step_delay: float = 0
             step = _first(cluster.all_events, "first_step", killed, 2)
             code = node_b.process.returncode
             finished = _first(cluster.all_events, "finished", killed) is not None
-            from ..checkpoint import load_checkpoint
+            from ddpguide.core.checkpoint import load_checkpoint
 
             state = load_checkpoint(cluster.checkpoint)
             history = state.get("history", []) if state else []

@@ -27,8 +27,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .processes import DIE_WITH_PARENT_ENV, die_with_parent
-from .settings import (
+from ddpguide.core.processes import DIE_WITH_PARENT_ENV, die_with_parent
+from ddpguide.elastic.settings import (
     TORCHRUN_MONITOR_INTERVAL,
     TORCHRUN_RDZV_CONF,
     AgentSettings,
@@ -104,8 +104,12 @@ def _listening(host: str, port: int) -> bool:
 
 def check_checkpoint(path: str) -> None:
     """A checkpoint path must be writable, and an existing checkpoint must fit the model."""
-    from ..checkpoint import CheckpointError, check_checkpoint_fits, check_writable_directory
-    from ..models import ToyModel
+    from ddpguide.core.checkpoint import (
+        CheckpointError,
+        check_checkpoint_fits,
+        check_writable_directory,
+    )
+    from ddpguide.core.models import ToyModel
 
     try:
         check_writable_directory(path)
@@ -195,7 +199,7 @@ def run_node(args) -> int:
     # torchrun's own parser and LaunchConfig: the agent is exactly torchrun's.
     config, command, command_args = config_from_args(get_args_parser().parse_args(argv))
     if warm:
-        from .worker import elastic_entry
+        from ddpguide.elastic.worker import elastic_entry
 
         # A Python function as entrypoint makes the agent start workers with
         # multiprocessing (here: forked from the warm forkserver) instead of
@@ -261,7 +265,7 @@ def _wait_for_go(args) -> None:
     """Hold a fully imported agent until ``--start-when`` exists (a demo's join on cue)."""
     import time
 
-    from .events import EventWriter
+    from ddpguide.elastic.events import EventWriter
 
     if args.events:
         EventWriter(args.events, node=args.node_name, rank=None).write("agent_waiting")

@@ -76,7 +76,7 @@ class RunLog:
 
 
 def _history(checkpoint) -> list[dict[str, Any]]:
-    from ..checkpoint import load_checkpoint
+    from ddpguide.core.checkpoint import load_checkpoint
 
     state = load_checkpoint(checkpoint)
     return list(state.get("history", [])) if state else []

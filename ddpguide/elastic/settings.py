@@ -6,10 +6,8 @@ Nothing here imports torch, so ``--help`` and bad-input errors are instant.
 from __future__ import annotations
 
 import ipaddress
-import random
 import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 
 # torchrun's own defaults, for comparison (torch/distributed/elastic/rendezvous).
 TORCHRUN_RDZV_CONF = {
@@ -102,31 +100,6 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on, for a store that an agent will bind seconds later.
-
-    It is drawn below the kernel's ephemeral range: outgoing connections of
-    other programs take their ports from that range and could grab an
-    ephemeral pick before our agent has started.
-    """
-    try:
-        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first = 32768
-    draw = random.SystemRandom()
-    for _ in range(200):
-        port = draw.randint(20000, max(20001, first - 1))
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-        return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

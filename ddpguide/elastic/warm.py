@@ -18,9 +18,9 @@ import torch._dynamo  # noqa: F401
 import torch.distributed  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
-from .. import train  # noqa: F401
-from . import worker  # noqa: F401
-from .processes import die_with_parent
+from ddpguide.core.processes import die_with_parent
+from ddpguide.elastic import worker  # noqa: F401
+from ddpguide.train import loop as train  # noqa: F401
 
 AGENT_PID_ENV = "DDPGUIDE_AGENT_PID"
 

@@ -3,7 +3,7 @@
 ``node`` mode forks it from a warm forkserver (:func:`elastic_entry`); plain
 ``torchrun ... -m ddpguide.elastic.worker`` execs it (:func:`main`).
 
-It is the book's training core (:func:`ddpguide.train.fit`) on the seed's toy
+It is the book's training core (:func:`ddpguide.train.loop.fit`) on the seed's toy
 model, with three additions that make elasticity safe and visible:
 
 * the training state lives in a checkpoint that rank 0 writes atomically after
@@ -21,11 +21,10 @@ interpreter's start stay cheap.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
-from .processes import die_with_parent
+from ddpguide.core.processes import die_with_parent, exit_now
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,7 +47,7 @@ def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
     import torch
     from torch.utils.data import TensorDataset
 
-    from ..data import DataSplits
+    from ddpguide.core.data import DataSplits
 
     gen = torch.Generator().manual_seed(seed)
     mixing = torch.randn(10, 5, generator=gen)
@@ -58,33 +57,25 @@ def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
                       TensorDataset(x[samples:], y[samples:]))
 
 
-def _finish(code: int) -> None:
-    # gloo's threads can abort interpreter teardown; everything is flushed already.
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 def run(args: argparse.Namespace) -> None:
     """Join the group torchrun describes, train to ``args.epochs``, leave."""
-    from .events import EventWriter
+    from ddpguide.core.runtime import DistEnv
+    from ddpguide.elastic.events import EventWriter
 
-    env = os.environ
-    node = env.get("DDPGUIDE_NODE", "")
-    rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+    dist_env = DistEnv.from_environ()
+    rank = dist_env.rank
     events = None
     if args.events:
-        events = EventWriter(args.events, node=node, rank=rank, local_rank=local_rank,
-                             world_size=int(env["WORLD_SIZE"]), pid=os.getpid(),
-                             group=env.get("MASTER_PORT"),
-                             restart=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        events = EventWriter(args.events, node=os.environ.get("DDPGUIDE_NODE", ""), rank=rank,
+                             local_rank=dist_env.local_rank, world_size=dist_env.world_size,
+                             pid=os.getpid(), group=str(dist_env.master_port),
+                             restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         events.write("spawned")
 
-    from ..process_group import cleanup, setup
-    from ..train import TrainConfig, fit
+    from ddpguide.core.process_group import cleanup, setup
+    from ddpguide.train.loop import TrainConfig, fit
 
-    setup(timeout_s=args.timeout)
+    setup(dist_env, timeout_s=args.timeout)
     if events and rank == 0:
         events.write("ready")
 
@@ -99,20 +90,6 @@ def run(args: argparse.Namespace) -> None:
     if events and rank == 0:
         events.write("finished")
     cleanup()
-
-
-def train_toy(epochs: int, checkpoint: str | None = None, samples: int = 256,
-              batch_size: int = 16):
-    """The same training in an existing process group (e.g. under ``launch.spawn``).
-
-    Returns :class:`ddpguide.train.TrainResult`; tests compare interrupted and
-    uninterrupted runs with it.
-    """
-    from ..train import TrainConfig, fit
-
-    config = TrainConfig(model="toy", epochs=epochs, batch_size=batch_size,
-                         checkpoint=checkpoint, progress=False, log=False)
-    return fit(config, data=toy_data(samples))
 
 
 def elastic_entry(*argv: str) -> None:
@@ -138,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(exc).split())[:300]
         print(f"[rank {os.environ.get('RANK', '?')}] worker failed: {type(exc).__name__}: {message}",
               file=sys.stderr)
-        _finish(1)
-    _finish(0)
+        exit_now(1)
+    exit_now(0)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,14 @@ from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
 import pytest
-
-from browser_support import (PageReport, Visitor, dump, loading_problems, toc_pages,
-                             widget_state_errors)
+from browser_support import (
+    PageReport,
+    Visitor,
+    dump,
+    loading_problems,
+    toc_pages,
+    widget_state_errors,
+)
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,0 +1,154 @@
+"""Helpers of the measurements appendix: run a suite, set its ratios beside their anchors."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """What a ratio is compared with: a source's figure or the book's goal on a CPU."""
+
+    meaning: str
+    reference: str
+    goal: str = ""
+
+
+ANCHORS: dict[str, dict[str, Anchor]] = {
+    "allreduce": {
+        "ring_over_gloo_64mb": Anchor("hand-written / gloo time, 64 MB, 2 ranks", "0.95 (plain ring, measured before)", "<= 1.0"),
+        "ring_over_gloo_64mb_4ranks": Anchor("hand-written / gloo time, 64 MB, 4 ranks", "0.89 (plain ring)", "<= 1.0"),
+        "ring_over_gloo_1mb_4ranks": Anchor("hand-written / gloo time, 1 MB, 4 ranks", "1.74 (plain ring)", "<= 1.3"),
+        "plain_ring_over_gloo_64mb": Anchor("one-message-per-step ring / gloo, 64 MB, 2 ranks", "0.95", ""),
+        "plain_ring_over_gloo_64mb_4ranks": Anchor("one-message-per-step ring / gloo, 64 MB, 4 ranks", "0.89", ""),
+        "plain_ring_over_gloo_1mb_4ranks": Anchor("one-message-per-step ring / gloo, 1 MB, 4 ranks", "1.74", ""),
+    },
+    "ddp": {
+        "ddp1_over_plain": Anchor("DDP with 1 rank / plain loop, time", "1.07 (measured before)", "<= 1.03"),
+        "ddp2_speedup": Anchor("2 ranks / 1 rank, throughput, ConvNet", "1.70-1.78 at batch 256", ">= 1.75"),
+        "ddp2_speedup_toy": Anchor("2 ranks / 1 rank, throughput, toy model",
+                                   "0.74 on 2 GPUs for a small CNN (22.72 s vs 30.82 s)", "< 1: overhead wins"),
+        "independent2_speedup": Anchor("2 independent processes / 1", "2.0 (hardware bound)", ""),
+        "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "", ""),
+    },
+    "elastic": {
+        "join_s": Anchor("a node joins: s to first resumed step", "8.4 s (tuned, before)", "<= 6 s"),
+        "node_loss_s": Anchor("a node leaves: s to first resumed step", "7.5 s (tuned, before)", "<= 6 s"),
+        "worker_crash_s": Anchor("a worker is killed: s to first resumed step", "5.1 s (tuned, before)", "<= 4 s"),
+        "torchrun_join_s": Anchor("join, torchrun defaults", "8.4 s", ""),
+        "torchrun_node_loss_s": Anchor("node loss, torchrun defaults", "44.4 s", ""),
+        "torchrun_worker_crash_s": Anchor("worker kill, torchrun defaults", "32.2 s", ""),
+    },
+    "pipeline": {
+        "pipeline_speedup": Anchor("2-stage pipeline / 1 process, source's split", "1.49x, 1.54x at split 12 (2 GPUs)", ">= 1.6"),
+        "pipeline_speedup_balanced": Anchor("pipeline with balanced stages / 1 process", "", "> pipeline_speedup"),
+        "model_parallel_over_single": Anchor("naive model parallel / 1 device, time", "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
+        "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core)", "", "<= bubble_bound"),
+        "bubble_bound": Anchor("m/(m+p-1) for the best seed-split run", "", ""),
+        "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
+        "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "1.81 (128x128)", ""),
+    },
+    "amp": {
+        "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),
+        "bf16_over_fp32_memory": Anchor("bf16 / fp32 activation memory", "", "< 1"),
+        "fp16_over_fp32_time": Anchor("fp16 autocast / fp32 step time (GPU)", "", "< 1"),
+    },
+}
+
+
+def machine_summary() -> str:
+    """One paragraph on the machine these figures come from."""
+    from ddpguide.bench.report import machine_info
+
+    info = machine_info()
+    gpus = ", ".join(info["gpus"]) or "none"
+    return (f"{info.get('cpu_model', info['processor'])}, {info['cpu_count']} cores; GPUs: {gpus}; "
+            f"torch {info['torch']}, Python {info['python']}")
+
+
+STDERR_LINES = 60
+
+
+def run_suite(name: str, quick: bool = True, timeout_s: float = 600.0) -> dict:
+    """Run ``python -m ddpguide.bench NAME`` in a fresh process; return its JSON report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{name}.json"
+        cmd = [sys.executable, "-m", "ddpguide.bench", name, "--json", str(out)]
+        if quick:
+            cmd.append("--quick")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if proc.returncode != 0:
+            # The end of the traceback and what the suite wrote before it: its
+            # error messages carry the logs of the processes that failed.
+            tail = "\n".join(proc.stderr.strip().splitlines()[-STDERR_LINES:]) or "(no output)"
+            raise RuntimeError(f"benchmark suite {name!r} failed (exit code {proc.returncode}):\n"
+                               f"{tail}")
+        return json.loads(out.read_text())
+
+
+def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:
+    """(name, value, anchor) for every ratio of a suite's report."""
+    anchors = ANCHORS.get(report["suite"], {})
+    return [(name, value, anchors.get(name, Anchor(name, "", ""))) for name, value in report["ratios"].items()]
+
+
+MAX_MEASUREMENT_ROWS = 14
+
+
+def ratio_table(report: dict):
+    """HTML tables: the suite's ratios beside their anchors, then its measurements.
+
+    A suite with many measurements (the all-reduce sweep) shows only its ratios
+    here; its table printed by ``python -m ddpguide.bench`` has every size.
+    """
+    from IPython.display import HTML
+
+    def row(cells, tag="td"):
+        return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
+
+    style = '<div style="overflow-x:auto; font-size:0.85em">'
+    parts = [style, "<table>", row(["ratio", "this machine", "meaning", "anchor", "goal"], "th")]
+    for name, value, anchor in ratio_rows(report):
+        parts.append(row([name, f"{value:.3f}", anchor.meaning, anchor.reference, anchor.goal]))
+    parts.append("</table></div>")
+    measurements = report["measurements"]
+    if len(measurements) <= MAX_MEASUREMENT_ROWS:
+        parts += [style, "<table>", row(["measurement", "value", "unit"], "th")]
+        parts += [row([m["name"], f"{m['value']:.4g}", m["unit"]]) for m in measurements]
+        parts.append("</table></div>")
+    else:
+        parts.append(f"<p>{len(measurements)} measurements; <code>python -m ddpguide.bench "
+                     f"{html.escape(report['suite'])}</code> prints them all.</p>")
+    return HTML("".join(parts))
+
+
+def summary_figure(results: dict[str, dict]):
+    """One bar per ratio, grouped by suite (seconds-valued ratios on their own axis)."""
+    import matplotlib.pyplot as plt
+
+    unitless = [(f"{suite}: {n}", v) for suite, r in results.items() for n, v in r["ratios"].items()
+                if not n.endswith("_s")]
+    seconds = [(n, v) for r in results.values() for n, v in r["ratios"].items() if n.endswith("_s")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * max(len(unitless), len(seconds), 4) + 1.5),
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for ax, rows, label in ((axes[0], unitless, "ratio"), (axes[1], seconds, "seconds")):
+        if not rows:
+            ax.set_visible(False)
+            continue
+        names, values = zip(*rows)
+        ax.barh(range(len(values)), values, color="tab:blue")
+        ax.set_yticks(range(len(values)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        if label == "ratio":
+            ax.axvline(1.0, color="grey", lw=1, ls="--")
+    fig.tight_layout()
+    plt.show()

@@ -1,0 +1,2 @@
+"""Collectives from scratch: the all-reduce algorithms, the chapter's demos and
+their figures."""

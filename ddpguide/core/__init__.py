@@ -1,0 +1,3 @@
+"""The ground floor: backend and device, the process group, checkpoints, data,
+models, rank-aware logging and process plumbing. Imports nothing else from
+ddpguide."""

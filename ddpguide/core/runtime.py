@@ -1,0 +1,219 @@
+"""Backend and device choice, and the distributed environment as one small value.
+
+This is the one place in the package that decides between nccl on GPUs and gloo
+on CPUs. Chapters and workers ask :func:`select_runtime` and never hard-code a
+device string.
+
+Environment overrides:
+
+``DDPGUIDE_BACKEND``
+    ``gloo`` or ``nccl``; forces the process-group backend.
+``DDPGUIDE_DEVICE``
+    ``cpu`` or ``cuda``; forces the device type.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+BACKENDS = ("gloo", "nccl")
+#: The variables torchrun gives each worker, in the order the book shows them.
+LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+    "OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+)
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+class DistEnvError(ValueError):
+    """A distributed environment variable is missing or malformed."""
+
+
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Which backend the process group uses and where tensors live."""
+
+    backend: str
+    device_type: str
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        """The device of the worker with this local rank (one GPU per rank)."""
+        if self.device_type == "cuda":
+            return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+        return torch.device("cpu")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    value = value.strip().lower()
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}: choose one of {', '.join(choices)}")
+    return value
+
+
+def select_runtime(
+    local_world_size: int = 1,
+    backend: str | None = None,
+    device_type: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Runtime:
+    """Choose backend and device for ``local_world_size`` workers on this machine.
+
+    nccl with one GPU per rank when this machine has at least that many GPUs,
+    otherwise gloo on CPU. Explicit arguments win over ``DDPGUIDE_BACKEND`` /
+    ``DDPGUIDE_DEVICE``, which win over the automatic choice.
+    """
+    environ = os.environ if environ is None else environ
+    if local_world_size < 1:
+        raise ValueError(f"local_world_size must be >= 1, got {local_world_size}")
+    backend = backend or environ.get("DDPGUIDE_BACKEND") or None
+    device_type = device_type or environ.get("DDPGUIDE_DEVICE") or None
+    if backend is not None:
+        backend = _check_choice("backend", backend, BACKENDS)
+    if device_type is not None:
+        device_type = _check_choice("device", device_type, DEVICE_TYPES)
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    enough_gpus = gpus >= local_world_size
+    if device_type is None:
+        if backend == "nccl":
+            device_type = "cuda"
+        elif backend == "gloo":
+            device_type = "cpu"
+        else:
+            device_type = "cuda" if enough_gpus else "cpu"
+    if backend is None:
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    if backend == "nccl" and device_type != "cuda":
+        raise ValueError("backend 'nccl' needs device 'cuda'; use 'gloo' on CPU")
+    if device_type == "cuda" and gpus == 0:
+        raise ValueError("device 'cuda' requested but no GPU is visible")
+    return Runtime(backend=backend, device_type=device_type)
+
+
+def fair_thread_count(local_world_size: int, cpu_count: int | None = None) -> int:
+    """Threads per rank so that the ranks on one machine share its cores."""
+    cpu_count = cpu_count or os.cpu_count() or 1
+    return max(1, cpu_count // max(1, local_world_size))
+
+
+def limit_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
+    """Give this rank a fair share of the cores, unless OMP_NUM_THREADS says otherwise.
+
+    ``mp.spawn`` leaves every child with all cores, so N ranks oversubscribe the
+    machine N times; torchrun sets ``OMP_NUM_THREADS=1``. Returns the count set.
+    """
+    environ = os.environ if environ is None else environ
+    requested = environ.get("OMP_NUM_THREADS")
+    threads = int(requested) if requested and requested.isdigit() and int(requested) > 0 else (
+        fair_thread_count(local_world_size)
+    )
+    torch.set_num_threads(threads)
+    return threads
+
+
+_REQUIRED = ("RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The variables a launcher (torchrun, or :mod:`ddpguide.launch.spawn`) gives a worker."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    group_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that prints and saves."""
+        return self.rank == 0
+
+    @classmethod
+    def single(cls) -> "DistEnv":
+        """The environment of a plain one-process run."""
+        return cls()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
+        """Read RANK, LOCAL_RANK, WORLD_SIZE, ... and check that they agree.
+
+        RANK and WORLD_SIZE are required; the others default as for one node.
+        Raises :class:`DistEnvError` naming the variable and its value.
+        """
+        environ = os.environ if environ is None else environ
+        missing = [name for name in _REQUIRED if name not in environ]
+        if missing:
+            raise DistEnvError(
+                f"missing environment variable {missing[0]}: start the script with torchrun, "
+                "or use ddpguide.launch.spawn"
+            )
+
+        def integer(name: str, default: int | None, minimum: int) -> int:
+            raw = environ.get(name)
+            if raw is None:
+                assert default is not None
+                return default
+            try:
+                value = int(raw.strip())
+            except ValueError:
+                raise DistEnvError(f"{name}={raw!r} is not an integer") from None
+            if value < minimum:
+                raise DistEnvError(f"{name}={raw!r} must be >= {minimum}")
+            return value
+
+        world_size = integer("WORLD_SIZE", None, 1)
+        rank = integer("RANK", None, 0)
+        local_world_size = integer("LOCAL_WORLD_SIZE", world_size, 1)
+        local_rank = integer("LOCAL_RANK", rank % local_world_size, 0)
+        group_rank = integer("GROUP_RANK", rank // local_world_size, 0)
+        master_port = integer("MASTER_PORT", 29500, 1)
+        if rank >= world_size:
+            raise DistEnvError(f"RANK={rank} must be smaller than WORLD_SIZE={world_size}")
+        if local_rank >= local_world_size:
+            raise DistEnvError(
+                f"LOCAL_RANK={local_rank} must be smaller than LOCAL_WORLD_SIZE={local_world_size}"
+            )
+        if local_world_size > world_size:
+            raise DistEnvError(
+                f"LOCAL_WORLD_SIZE={local_world_size} must not exceed WORLD_SIZE={world_size}"
+            )
+        if master_port > 65535:
+            raise DistEnvError(f"MASTER_PORT={master_port} is not a TCP port (1-65535)")
+        master_addr = environ.get("MASTER_ADDR", "127.0.0.1").strip()
+        if not master_addr:
+            raise DistEnvError("MASTER_ADDR is empty")
+        return cls(rank, local_rank, world_size, local_world_size, group_rank, master_addr, master_port)
+
+    def as_environ(self) -> dict[str, str]:
+        """The same values as environment variables (what a launcher exports)."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.group_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+
+def worker_device() -> torch.device:
+    """Inside a spawned or torchrun worker: where this rank's tensors live.
+
+    Its own GPU (``LOCAL_RANK``) when the process group runs nccl, else the CPU.
+    """
+    import torch.distributed as dist
+
+    env = DistEnv.from_environ()
+    return select_runtime(env.local_world_size, backend=dist.get_backend()).device(env.local_rank)

@@ -1,0 +1,104 @@
+"""The child side of :func:`ddpguide.launch.spawn.spawn`: what each rank runs.
+
+Each rank meets the others in the parent's store, joins the process group
+with a timeout, runs the function, saves its result, and leaves without
+interpreter teardown. A failing rank writes its traceback and appends its
+number to a failures file, so the parent can name the first rank that failed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ddpguide.core.processes import die_with_parent, exit_now
+from ddpguide.core.runtime import Runtime
+
+_ARRIVED = "ddpguide/arrived/"
+
+
+FAILURES_FILE = "failures"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    world_size: int
+    runtime: Runtime
+    store_port: int
+    collective_timeout_s: float
+    start_timeout_s: float
+    workdir: str
+
+
+def record_failure(workdir: Path, rank: int) -> None:
+    """Append this rank to the list of failures, in the order the failures happened.
+
+    The first rank to fail is usually the cause, and the others fail because
+    it left (their collectives lose a peer). One ``write`` to a file opened with
+    ``O_APPEND`` is atomic, so the order of the lines is the order of the
+    failures; file times are too coarse to tell failures milliseconds apart.
+    """
+    fd = os.open(workdir / FAILURES_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, f"{rank}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def worker_entry(rank: int, spec: WorkerSpec) -> None:
+    die_with_parent()
+    workdir = Path(spec.workdir)
+    try:
+        if spec.runtime.device_type == "cuda":
+            torch.cuda.set_device(spec.runtime.device(rank))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        timeout = datetime.timedelta(seconds=spec.collective_timeout_s)
+        start_timeout = datetime.timedelta(seconds=spec.start_timeout_s)
+        store = dist.TCPStore(
+            "127.0.0.1", spec.store_port, spec.world_size, is_master=False, timeout=start_timeout
+        )
+        # Ranks reach this point seconds apart (each one imports torch, and a
+        # busy machine runs them one after another): meet here first, under the
+        # launch's own time limit, so that the short collective timeout only
+        # ever bounds the collectives.
+        store.set(f"{_ARRIVED}{rank}", "1")
+        store.wait([f"{_ARRIVED}{r}" for r in range(spec.world_size)], start_timeout)
+        store.set_timeout(timeout)
+        dist.init_process_group(
+            spec.runtime.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout
+        )
+        result = spec.fn(*spec.args, **spec.kwargs)
+        partial = workdir / f"rank{rank}.result.part"
+        torch.save(result, partial)
+        os.replace(partial, workdir / f"rank{rank}.result")
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+    except BaseException:
+        (workdir / f"rank{rank}.traceback").write_text(traceback.format_exc())
+        record_failure(workdir, rank)
+        exit_now(1)
+    exit_now(0)
+
+
+def first_failure(workdir: Path, failed: list[int]) -> int:
+    """The rank whose error is the cause: the first to record a failure.
+
+    A rank that died without recording one (killed, crashed in C++) counts
+    only when no rank recorded anything.
+    """
+    try:
+        recorded = [int(line) for line in (workdir / FAILURES_FILE).read_text().split()]
+    except FileNotFoundError:
+        recorded = []
+    return recorded[0] if recorded else min(failed)

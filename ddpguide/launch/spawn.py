@@ -1,0 +1,250 @@
+"""Run a package function on N ranks from a notebook or a script.
+
+:func:`spawn` is ``torch.multiprocessing`` with the operational habits a book
+needs:
+
+* a free loopback port with no race: the parent hosts the rendezvous store on
+  port 0 and the operating system picks the port;
+* a process group that is always created with a timeout and always destroyed,
+  so a mismatched collective raises instead of hanging;
+* each rank's return value comes back to the caller;
+* a failing rank's own traceback comes back too (plain ``mp.spawn`` in a
+  notebook only says "process 0 terminated with exit code 1"), within a bounded
+  time, and no child process is left running;
+* what the ranks print appears in the caller's output (a notebook cell), line
+  by line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
+from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
+
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+_FD_LOCK = threading.Lock()
+
+
+class WorkerError(RuntimeError):
+    """A rank failed; carries that rank's own traceback text."""
+
+    def __init__(self, rank: int, exitcode: int | None, details: str):
+        self.rank = rank
+        self.exitcode = exitcode
+        self.details = details
+        super().__init__(f"rank {rank} failed (exit code {exitcode}):\n{details}")
+
+
+class SpawnTimeout(TimeoutError):
+    """The ranks did not finish within the time limit; all were stopped."""
+
+
+@contextlib.contextmanager
+def _child_stdio_and_env(log_path: Path, env: Mapping[str, str]):
+    """Start a child with stdout/stderr in ``log_path`` and extra environment.
+
+    A spawned child inherits file descriptors 1 and 2 and the environment of
+    the parent at the moment it starts, so both are swapped for the start only.
+    """
+    with _FD_LOCK:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        saved_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        saved_fds = [os.dup(1), os.dup(2)]
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
+            yield
+        finally:
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in (*saved_fds, log_fd):
+                os.close(fd)
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+class _LogEcho:
+    """Copies complete new lines from the ranks' log files to our stdout."""
+
+    def __init__(self, paths: list[Path], enabled: bool):
+        self.paths = paths
+        self.offsets = [0] * len(paths)
+        self.pending = [b""] * len(paths)
+        self.enabled = enabled
+
+    def poll(self, final: bool = False) -> None:
+        for i, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[i])
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            self.offsets[i] += len(chunk)
+            data = self.pending[i] + chunk
+            lines = data.split(b"\n")
+            self.pending[i] = b"" if final else lines.pop()
+            if self.enabled:
+                for line in lines:
+                    if line:
+                        print(line.decode(errors="replace"), flush=True)
+
+
+def _tail(path: Path, max_chars: int = 4000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return text[-max_chars:]
+
+
+def _stop(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 2.0
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in processes:
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = None,
+    device_type: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    threads_per_rank: int | None = None,
+    env: Mapping[str, str] | None = None,
+    echo: bool = True,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results.
+
+    ``fn`` must be importable by the children (defined in a module, not in a
+    notebook). Inside ``fn`` the default process group is initialised and the
+    usual variables (RANK, LOCAL_RANK, WORLD_SIZE, ...) are set. Returns a list
+    with each rank's return value, in rank order.
+
+    Raises :class:`WorkerError` with the failing rank's traceback, or
+    :class:`SpawnTimeout` after ``timeout`` seconds; in both cases every child
+    has been stopped before the exception reaches the caller.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if timeout <= 0 or collective_timeout <= 0:
+        raise ValueError("timeout and collective_timeout must be positive")
+    runtime = select_runtime(world_size, backend, device_type)
+    threads = threads_per_rank or fair_thread_count(world_size)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=collective_timeout),
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-spawn-"))
+    spec = WorkerSpec(fn, tuple(args), dict(kwargs), world_size, runtime, store.port,
+                       collective_timeout, timeout, str(workdir))
+    ctx = mp.get_context("spawn")
+    logs = [workdir / f"rank{rank}.log" for rank in range(world_size)]
+    echo_logs = _LogEcho(logs, echo)
+    processes: list = []
+    try:
+        for rank in range(world_size):
+            child_env = {
+                **DistEnv(rank=rank, local_rank=rank, world_size=world_size,
+                          local_world_size=world_size, master_port=store.port).as_environ(),
+                # The runtime chosen here is the one every select_runtime() in the
+                # child returns: the group's backend and the model's device agree.
+                "DDPGUIDE_BACKEND": runtime.backend, "DDPGUIDE_DEVICE": runtime.device_type,
+                "OMP_NUM_THREADS": str(threads), **(env or {}),
+            }
+            process = ctx.Process(target=worker_entry, args=(rank, spec), name=f"ddpguide-rank{rank}")
+            with _child_stdio_and_env(logs[rank], child_env):
+                process.start()
+            processes.append(process)
+
+        deadline = time.monotonic() + timeout
+        while True:
+            echo_logs.poll()
+            codes = [p.exitcode for p in processes]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # Give the others a moment to write their own traceback, then stop them.
+                time.sleep(0.2)
+                failed = [r for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
+                _stop(processes)
+                echo_logs.poll(final=True)
+                rank = first_failure(workdir, failed)
+                details = (workdir / f"rank{rank}.traceback")
+                text = details.read_text() if details.exists() else _tail(logs[rank])
+                if getattr(fn, "__module__", None) == "__main__":
+                    text += (
+                        "\nhint: the worker function is defined in __main__ (a notebook or the "
+                        "launching script); spawned children cannot import it. Put it in a module."
+                    )
+                raise WorkerError(rank, processes[rank].exitcode, text.rstrip())
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                _stop(processes)
+                echo_logs.poll(final=True)
+                running = [r for r, c in enumerate(codes) if c is None]
+                tails = "\n".join(f"--- rank {r} output ---\n{_tail(logs[r], 800)}" for r in running)
+                raise SpawnTimeout(
+                    f"ranks {running} did not finish within {timeout:g} s and were stopped\n{tails}"
+                )
+            time.sleep(0.05)
+        echo_logs.poll(final=True)
+        missing = [r for r in range(world_size) if not (workdir / f"rank{r}.result").exists()]
+        if missing:
+            rank = missing[0]
+            raise WorkerError(rank, 0, (
+                f"rank {rank} exited with code 0 but returned no result: the worker function "
+                "ended its process itself (os._exit or a signal handler) before returning"
+                f"\n{_tail(logs[rank], 800)}").rstrip())
+        return [
+            torch.load(workdir / f"rank{rank}.result", map_location="cpu", weights_only=False)
+            for rank in range(world_size)
+        ]
+    finally:
+        _stop(processes)
+        shutil.rmtree(workdir, ignore_errors=True)
+        del store
+
+
+def describe_rank() -> dict[str, Any]:
+    """What one rank sees: its variables, backend, device and thread count (a demo worker)."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "OMP_NUM_THREADS")
+    return {
+        **{key: os.environ.get(key) for key in keys},
+        "backend": dist.get_backend(),
+        "pid": os.getpid(),
+        "torch_threads": torch.get_num_threads(),
+    }

@@ -1,0 +1,236 @@
+"""torchrun from Python: start agents as subprocesses, bounded in time, and read what they left.
+
+A notebook cell or a test cannot type ``torchrun ...`` into a terminal, so
+:func:`run_agents` starts one or more torchrun agents as subprocesses and waits
+for them, with the habits a book needs:
+
+* a hard time limit: on expiry every agent *and every worker it started* is
+  stopped (torchrun starts each worker in a session of its own, so killing the
+  agent's process group alone would leave the workers running);
+* each agent gets its own ``--log-dir`` and ``TORCHELASTIC_ERROR_FILE`` in a
+  temporary folder: the per-worker error files and the agent's root-cause file
+  are read back before the folder is deleted;
+* the environment the agents inherit is cleaned of launcher variables, so what
+  a worker reports is what torchrun set, not what the caller happened to have.
+
+The chapter's demonstrations built on it live in :mod:`ddpguide.launch.torchrun_demo`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from ddpguide.core.processes import processes_with_env, signal_all
+from ddpguide.core.runtime import LAUNCHER_VARIABLES
+
+DEFAULT_TIMEOUT_S = 90.0
+#: How long the other agents may run on after one agent has failed.
+FAILURE_GRACE_S = 20.0
+#: Marks every process of one launch (agents and workers inherit it).
+LAUNCH_ID_VARIABLE = "DDPGUIDE_LAUNCH_ID"
+#: An empty or star-only log line, e.g. ``W1129 14:16:04.750000 10112 torch/distributed/run.py:982] ****``.
+_EMPTY_LOG_LINE = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\])?\s*\**\s*$")
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+
+
+class TorchrunTimeout(TimeoutError):
+    """The agents did not finish in time; they and their workers were stopped."""
+
+    def __init__(self, message: str, launch_id: str):
+        super().__init__(message)
+        self.launch_id = launch_id
+
+
+@dataclass(frozen=True)
+class Agent:
+    """One torchrun invocation: its options, the module its workers run, extra environment."""
+
+    name: str
+    torchrun_args: tuple[str, ...]
+    module: str
+    module_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    no_python: bool = False   # ``module`` is a program to run, not a Python module
+
+    def _entry(self) -> list[str]:
+        return ["--no-python" if self.no_python else "-m", self.module, *self.module_args]
+
+    def argv(self) -> list[str]:
+        """The command as run: ``python -m torch.distributed.run`` is the ``torchrun`` script."""
+        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args, *self._entry()]
+
+    def shell_command(self) -> str:
+        """The same command as a reader would type it."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        command = shlex.join(["torchrun", *self.torchrun_args, *self._entry()])
+        return f"{env} {command}" if env else command
+
+
+@dataclass
+class AgentRun:
+    """What one agent did: exit status, merged output, error files."""
+
+    agent: Agent
+    returncode: int | None          # None: stopped at the time limit
+    output: str
+    seconds: float                  # wall time of the whole launch
+    launch_id: str
+    error_files: dict[int, dict] = field(default_factory=dict)  # local rank -> error JSON
+    root_cause: dict | None = None  # the agent's own error file (torchrun copies the first failure)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def lines(self) -> list[str]:
+        """Output lines without blanks and without the star banner around torchrun's warnings."""
+        return [line for line in self.output.splitlines() if not _EMPTY_LOG_LINE.match(line)]
+
+
+def agent_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without launcher variables, plus ``extra``.
+
+    The package's folder goes first on PYTHONPATH so the workers import the
+    same ddpguide as the caller.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"  # lines arrive in the order they were printed
+    env.update(extra or {})
+    return env
+
+
+def processes_of_launch(launch_id: str) -> list[int]:
+    """Live processes started by the launch ``launch_id``: agents, workers and their children.
+
+    Every process of a launch carries ``DDPGUIDE_LAUNCH_ID=<id>``, which
+    survives re-parenting: a worker whose agent was killed is still found.
+    """
+    return processes_with_env(LAUNCH_ID_VARIABLE, launch_id)
+
+
+def _stop(processes: Sequence[subprocess.Popen], launch_id: str, grace_s: float = 5.0) -> None:
+    """SIGTERM the running agents (each forwards it to its workers), then SIGKILL any survivor."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)  # the agent leads its own process group
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    # A worker may fork while we look, and a killed one takes a while to go on a
+    # busy machine: look again until none is left (zombies no longer count).
+    deadline = time.monotonic() + 15.0
+    while time.monotonic() < deadline:
+        survivors = processes_of_launch(launch_id)
+        if not survivors:
+            break
+        signal_all(survivors, signal.SIGKILL)
+        time.sleep(0.1)
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _read_error_files(log_dir: Path) -> dict[int, dict]:
+    """``<log-dir>/<run>/attempt_<n>/<local rank>/error.json`` of the last attempt, by local rank."""
+    files: dict[int, dict] = {}
+    for path in sorted(log_dir.glob("*/attempt_*/*/error.json")):
+        try:
+            files[int(path.parent.name)] = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+    return files
+
+
+def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
+               env: Mapping[str, str] | None = None, raise_on_timeout: bool = True,
+               failure_grace_s: float = FAILURE_GRACE_S) -> list[AgentRun]:
+    """Start every agent at once and wait for all of them, at most ``timeout`` seconds.
+
+    When one agent fails, the others get ``failure_grace_s`` seconds to notice
+    and stop on their own. Raises :class:`TorchrunTimeout` (after stopping all
+    processes) when the time is up, unless ``raise_on_timeout`` is false, in
+    which case the stopped agents have ``returncode`` None. In every case no
+    process of the launch is left running when this returns.
+    """
+    names = [agent.name for agent in agents]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"agents need distinct names, got {names}")
+    launch_id = uuid.uuid4().hex
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-torchrun-"))
+    processes: list[subprocess.Popen] = []
+    started = time.monotonic()
+    try:
+        for agent in agents:
+            agent_dir = workdir / agent.name
+            agent_dir.mkdir()
+            argv = agent.argv()
+            # --log-dir goes before the entry: torchrun's options end where the module begins.
+            argv[3:3] = ["--log-dir", str(agent_dir / "logs")]
+            extra = {**(env or {}), **agent.env, LAUNCH_ID_VARIABLE: launch_id,
+                     "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json")}
+            with open(agent_dir / "output.txt", "wb") as log_file:  # the child keeps its own copy
+                processes.append(subprocess.Popen(
+                    argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=agent_environment(extra), start_new_session=True,
+                ))
+        deadline = started + timeout
+        first_failure: float | None = None
+        while any(p.poll() is None for p in processes):
+            now = time.monotonic()
+            if first_failure is None and any(p.poll() not in (None, 0) for p in processes):
+                first_failure = now
+            if now > deadline or (first_failure is not None and now > first_failure + failure_grace_s):
+                break
+            time.sleep(0.05)
+        stopped = {agent.name for agent, p in zip(agents, processes) if p.poll() is None}
+        _stop(processes, launch_id)
+        elapsed = time.monotonic() - started
+        runs = []
+        for agent, process in zip(agents, processes):
+            agent_dir = workdir / agent.name
+            root = agent_dir / "root_cause.json"
+            runs.append(AgentRun(
+                agent=agent,
+                returncode=None if agent.name in stopped else process.returncode,
+                output=(agent_dir / "output.txt").read_text(errors="replace"),
+                seconds=elapsed,
+                launch_id=launch_id,
+                error_files=_read_error_files(agent_dir / "logs"),
+                root_cause=json.loads(root.read_text()) if root.exists() else None,
+            ))
+        if stopped and raise_on_timeout and first_failure is None:
+            tails = "\n".join(f"--- {r.agent.name} ---\n" + "\n".join(r.lines()[-15:]) for r in runs)
+            raise TorchrunTimeout(f"agents {sorted(stopped)} did not finish within {timeout:g} s "
+                                  f"and were stopped\n{tails}", launch_id)
+        return runs
+    finally:
+        _stop(processes, launch_id)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_torchrun(torchrun_args: Sequence[str], module: str, module_args: Sequence[str] = (),
+                 timeout: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> AgentRun:
+    """One torchrun agent (e.g. ``["--standalone", "--nproc-per-node=2"]``), bounded in time."""
+    agent = Agent("agent", tuple(torchrun_args), module, tuple(module_args))
+    return run_agents([agent], timeout=timeout, env=env)[0]

@@ -1,0 +1,241 @@
+"""Command line of the training core: the same loop, from a terminal or under torchrun.
+
+One process::
+
+    python -m ddpguide.train --epochs 1 --max-steps-per-epoch 20
+
+Two workers on this machine (torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, ...)::
+
+    torchrun --standalone --nproc-per-node=2 -m ddpguide.train --epochs 1
+
+Every worker runs :func:`main`. When the environment holds ``WORLD_SIZE`` (a
+launcher started us) the worker joins the process group described by the
+environment (``env://``), trains with :func:`ddpguide.train.loop.fit` and leaves the
+group; otherwise it trains as a single process. :func:`main` is wrapped in
+torchrun's ``@record``: an exception that escapes it is written, with its
+traceback, to the file named by ``TORCHELASTIC_ERROR_FILE``, and torchrun's
+failure summary shows that traceback instead of only "exit code 1".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Sequence
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ddpguide.core import process_group
+from ddpguide.core.processes import exit_now
+from ddpguide.core.ranklog import rank_print
+from ddpguide.core.runtime import (
+    BACKENDS,
+    DEVICE_TYPES,
+    DistEnv,
+    Runtime,
+    select_runtime,
+)
+from ddpguide.train.amp import AMP_CHOICES
+from ddpguide.train.loop import TrainConfig, TrainResult, fit
+
+PROG = "python -m ddpguide.train"
+DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+
+
+class DeliberateCrash(RuntimeError):
+    """Raised by ``--crash-at-epoch``: a failure on purpose, to show the error file."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit status 2).
+
+    argparse's default prints the whole usage block before the message; in a
+    job log with many workers the one line that matters gets lost.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _integer(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used by the tests of the cluster recipes)."""
+    defaults = TrainConfig()
+    parser = _OneLineParser(
+        prog=PROG,
+        description="Train the book's ConvNet with DistributedDataParallel: one process "
+                    "under python, one process per worker under torchrun.",
+        epilog="examples:\n"
+               "  python -m ddpguide.train --epochs 1 --max-steps-per-epoch 20\n"
+               "  torchrun --standalone --nproc-per-node=2 -m ddpguide.train --epochs 3\n"
+               "  torchrun --nnodes=2 --nproc-per-node=4 --rdzv-backend=c10d \\\n"
+               "      --rdzv-endpoint=HOST:29500 --rdzv-id=JOB -m ddpguide.train --amp auto",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--epochs", type=_integer(0), default=defaults.epochs, metavar="N",
+        help=f"passes over the training set (default {defaults.epochs})")
+    add("--batch-size", type=_integer(1), default=defaults.batch_size, metavar="B",
+        help="samples per step on each rank; the global batch is B x WORLD_SIZE "
+             f"(default {defaults.batch_size})")
+    add("--lr", type=_positive_float, default=defaults.lr, metavar="LR",
+        help=f"SGD learning rate (default {defaults.lr})")
+    add("--seed", type=_integer(0), default=defaults.seed, metavar="S",
+        help="seed of the model initialisation, the same on every rank "
+             f"(default {defaults.seed})")
+    add("--dataset", choices=("auto", "mnist", "digits"), default=defaults.dataset,
+        help="mnist (local files only), digits (bundled with scikit-learn), or auto: "
+             "MNIST when its files exist, else digits (default auto)")
+    add("--max-steps-per-epoch", type=_integer(1), default=None, metavar="N",
+        help="stop each epoch after N steps (quick runs; default: the whole epoch)")
+    add("--amp", choices=AMP_CHOICES, default=defaults.amp,
+        help="mixed precision: off, auto (fp16 on CUDA, bf16 on CPU), bf16 or fp16 (default off)")
+    add("--sync-bn", action="store_true",
+        help="convert BatchNorm layers to synchronised batch norm across ranks")
+    add("--checkpoint", metavar="FILE", default=None,
+        help="rank 0 saves here after every epoch; a run finding the file resumes from it")
+    add("--no-eval", action="store_true", help="skip the test-set evaluation after each epoch")
+    add("--device", choices=("auto", *DEVICE_TYPES), default="auto",
+        help="cuda (one GPU per local rank) or cpu; auto: cuda when this machine has a GPU "
+             "for every local rank (default auto)")
+    add("--backend", choices=("auto", *BACKENDS), default="auto",
+        help="process-group backend: nccl (GPUs) or gloo (CPU); auto follows the device "
+             "(default auto)")
+    add("--timeout", type=_positive_float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="S",
+        help="seconds a collective may wait for the other ranks before it raises "
+             f"(default {DEFAULT_COLLECTIVE_TIMEOUT_S:g})")
+    add("--json", metavar="FILE", default=None,
+        help="rank 0 writes a summary of the run (per-epoch loss and accuracy, its step "
+             "losses, the configuration) to FILE")
+    add("--crash-at-epoch", type=_integer(0), default=None, metavar="E",
+        help="teaching switch: after E epochs, rank --crash-rank raises DeliberateCrash so "
+             "that torchrun's error file can be seen; the other ranks wait in a barrier "
+             "until torchrun stops them")
+    add("--crash-rank", type=_integer(0), default=0, metavar="R",
+        help="the global rank that crashes with --crash-at-epoch (default 0)")
+    add("--quiet", action="store_true", help="no per-epoch log lines")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` the arguments describe (validated)."""
+    return TrainConfig(
+        dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+        seed=args.seed, max_steps_per_epoch=args.max_steps_per_epoch,
+        checkpoint=args.checkpoint, amp=args.amp, sync_bn=args.sync_bn,
+        evaluate=not args.no_eval, log=not args.quiet,
+    ).validate()
+
+
+def run(config: TrainConfig, env: DistEnv, runtime: Runtime,
+        crash_at_epoch: int | None = None, crash_rank: int = 0) -> TrainResult:
+    """Train on this rank; with ``crash_at_epoch``, fail on purpose after that many epochs."""
+    if crash_at_epoch is None:
+        return fit(config, env, runtime)
+    result = fit(replace(config, epochs=crash_at_epoch), env, runtime)
+    if env.rank == crash_rank:
+        raise DeliberateCrash(f"rank {env.rank} crashed on purpose at the start of epoch "
+                              f"{crash_at_epoch} (--crash-at-epoch)")
+    if dist.is_initialized():
+        dist.barrier()  # a collective the crashed rank never joins: torchrun has to step in
+    return result
+
+
+def summary(result: TrainResult, config: TrainConfig, runtime: Runtime,
+            argv: Sequence[str]) -> dict:
+    """What ``--json`` writes: the result, rank 0's step losses, the configuration."""
+    return {
+        "argv": list(argv),
+        "config": asdict(config),
+        "runtime": {"backend": runtime.backend, "device_type": runtime.device_type},
+        "result": result.summary(),
+        "accuracy": result.accuracy if result.test_total else None,
+        "step_losses": result.step_losses,
+    }
+
+
+def _write_json(path: str, data: dict) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    partial.write_text(json.dumps(data, indent=2))
+    os.replace(partial, target)  # a reader never sees half a file
+
+
+@record
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, train on this rank, return the exit status.
+
+    Under a launcher (``WORLD_SIZE`` in the environment) the worker joins the
+    process group with a collective timeout and leaves it at the end; after a
+    successful distributed run the process then exits at once, skipping the
+    interpreter's teardown, in which gloo's threads occasionally abort
+    ("terminate called without an active exception") and turn a good run into
+    a failed one. Without a launcher, it trains in this process and returns 0.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+        if args.crash_at_epoch is not None and args.crash_at_epoch >= args.epochs:
+            raise ValueError(f"--crash-at-epoch {args.crash_at_epoch} never happens with "
+                             f"--epochs {args.epochs}")
+        distributed = "WORLD_SIZE" in os.environ
+        env = DistEnv.from_environ() if distributed else DistEnv.single()
+        if args.crash_at_epoch is not None and args.crash_rank >= env.world_size:
+            raise ValueError(f"--crash-rank {args.crash_rank} is not a rank of this run "
+                             f"(WORLD_SIZE={env.world_size})")
+        runtime = select_runtime(env.local_world_size,
+                                 backend=None if args.backend == "auto" else args.backend,
+                                 device_type=None if args.device == "auto" else args.device)
+    except ValueError as exc:  # includes DistEnvError
+        parser.error(str(exc))
+    if not distributed:
+        result = run(config, env, runtime, args.crash_at_epoch, args.crash_rank)
+    else:
+        env, runtime = process_group.setup(env, runtime, timeout_s=args.timeout)
+        try:
+            if not args.quiet:
+                rank_print(f"world size {env.world_size} ({env.local_world_size} per node), "
+                           f"backend {runtime.backend} on {runtime.device_type}, "
+                           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+            result = run(config, env, runtime, args.crash_at_epoch, args.crash_rank)
+        finally:
+            process_group.cleanup()
+    if args.json and env.is_main:
+        _write_json(args.json, summary(result, config, runtime, argv))
+    if distributed:
+        exit_now(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

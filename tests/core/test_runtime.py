@@ -1,0 +1,85 @@
+import pytest
+import torch
+
+from ddpguide.core.runtime import (
+    DistEnv,
+    DistEnvError,
+    fair_thread_count,
+    select_runtime,
+)
+
+
+def test_cpu_machine_gets_gloo_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    runtime = select_runtime(2, environ={})
+    assert (runtime.backend, runtime.device_type) == ("gloo", "cpu")
+    assert runtime.device(1) == torch.device("cpu")
+
+
+def test_environment_overrides_and_arguments():
+    assert select_runtime(1, environ={"DDPGUIDE_BACKEND": "gloo"}).backend == "gloo"
+    runtime = select_runtime(1, backend="GLOO", environ={"DDPGUIDE_BACKEND": "nccl"})
+    assert runtime.backend == "gloo" and runtime.device_type == "cpu"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "mpi"}, "unknown backend 'mpi': choose one of gloo, nccl"),
+    ({"device_type": "tpu"}, "unknown device 'tpu': choose one of cpu, cuda"),
+    ({"backend": "nccl", "device_type": "cpu"}, "backend 'nccl' needs device 'cuda'; use 'gloo' on CPU"),
+])
+def test_bad_choices_are_rejected(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        select_runtime(1, environ={}, **kwargs)
+    assert str(info.value) == message
+
+
+def test_cuda_without_gpu_is_rejected():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no GPU is visible"):
+        select_runtime(1, device_type="cuda", environ={})
+
+
+def test_fair_threads():
+    assert fair_thread_count(2, cpu_count=2) == 1
+    assert fair_thread_count(1, cpu_count=8) == 8
+    assert fair_thread_count(16, cpu_count=2) == 1
+
+
+TORCHRUN_NODE1 = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+                  "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+
+
+def test_env_is_read_into_one_value():
+    env = DistEnv.from_environ(TORCHRUN_NODE1)
+    assert env == DistEnv(3, 1, 4, 2, 1, "10.0.0.1", 29400)
+    assert not env.is_main
+    assert DistEnv.from_environ(env.as_environ()) == env
+
+
+def test_env_defaults_for_one_node():
+    env = DistEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2"})
+    assert (env.local_rank, env.local_world_size, env.group_rank) == (1, 2, 0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"RANK": None}, "missing environment variable RANK"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer"),
+    ({"RANK": "-1"}, "RANK='-1' must be >= 0"),
+    ({"RANK": "4"}, "RANK=4 must be smaller than WORLD_SIZE=4"),
+    ({"LOCAL_RANK": "2"}, "LOCAL_RANK=2 must be smaller than LOCAL_WORLD_SIZE=2"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port (1-65535)"),
+    ({"LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE=8 must not exceed WORLD_SIZE=4"),
+])
+def test_bad_env_values_name_the_variable(change, message):
+    environ = dict(TORCHRUN_NODE1)
+    for key, value in change.items():
+        if value is None:
+            environ.pop(key)
+        else:
+            environ[key] = value
+    with pytest.raises(DistEnvError) as info:
+        DistEnv.from_environ(environ)
+    assert str(info.value).startswith(message)
+

@@ -1,0 +1,58 @@
+"""Worker functions for the launcher tests (importable by spawned children via sys.path)."""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def report():
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "env_rank": int(os.environ["RANK"]),
+        "sum_of_ranks": total.item(),
+        "threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+    }
+
+
+def fail_on_rank(bad_rank: int):
+    if dist.get_rank() == bad_rank:
+        # CLOCK_MONOTONIC is one clock for every process on the machine
+        raise ValueError(f"rank {bad_rank} refuses to train (raised at {time.monotonic():.3f})")
+    dist.barrier()  # the healthy ranks wait here until they are stopped
+    return "unreachable"
+
+
+def sleep_forever():
+    time.sleep(3600)
+
+
+def skip_a_collective():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        time.sleep(30)
+    return "unreachable"
+
+
+def runtime_with_two_fake_gpus():
+    """What the training loop would choose on this rank if the machine had 2 GPUs."""
+    import torch
+
+    from ddpguide.core.runtime import select_runtime
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 2
+    runtime = select_runtime(2)  # what fit() asks when it is given no runtime
+    return runtime.backend, runtime.device_type
+
+
+def leave_without_returning():
+    import os
+
+    os._exit(0)
