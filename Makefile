@@ -29,7 +29,7 @@ help:
 	@echo "                 (links, then every page in headless Chromium; screenshots in"
 	@echo "                 _build/screenshots)"
 	@echo "make lab         open the chapters in JupyterLab"
-	@echo "make bench       run every benchmark suite (quick mode)"
+	@echo "make bench       run every benchmark suite in full, saved in book/measurements/ for the appendix"
 	@echo "make gpu-check   on a GPU machine: every chapter and benchmark with CUDA"
 	@echo "make test-lab    execute every chapter through a JupyterLab kernel"
 
@@ -100,8 +100,9 @@ lab: $(STAMP)
 	$(PY) tools/lab.py $(LAB_ARGS)
 
 bench: $(STAMP)
-	mkdir -p bench-results
-	$(PY) -m ddpguide.bench all --quick --json bench-results/all.json
+	mkdir -p book/measurements
+	for suite in $$($(PY) -c "from ddpguide.bench import SUITES; print(*SUITES)"); do \
+	  $(PY) -m ddpguide.bench $$suite --json book/measurements/$$suite.json || exit 1; done
 
 gpu-check: $(STAMP)
 	$(PY) tools/gpu_check.py

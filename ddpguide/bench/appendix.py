@@ -1,13 +1,12 @@
-"""Helpers of the measurements appendix: run a suite, set its ratios beside their anchors."""
+"""Helpers of the measurements appendix: the saved results of full benchmark runs
+(``make bench`` writes ``book/measurements/<suite>.json``), each ratio set beside
+its anchor, with when, where and how it was measured."""
 
 from __future__ import annotations
 
 import html
 import json
 import os
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,25 +72,39 @@ def machine_summary() -> str:
             f"torch {info['torch']}, Python {info['python']}")
 
 
-STDERR_LINES = 60
+#: Where ``make bench`` keeps the results the appendix shows (relative to book/).
+MEASUREMENTS = Path(__file__).resolve().parents[2] / "book" / "measurements"
 
 
-def run_suite(name: str, quick: bool = True, timeout_s: float = 600.0) -> dict:
-    """Run ``python -m ddpguide.bench NAME`` in a fresh process; return its JSON report."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / f"{name}.json"
-        cmd = [sys.executable, "-m", "ddpguide.bench", name, "--json", str(out)]
-        if quick:
-            cmd.append("--quick")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        if proc.returncode != 0:
-            # The end of the traceback and what the suite wrote before it: its
-            # error messages carry the logs of the processes that failed.
-            tail = "\n".join(proc.stderr.strip().splitlines()[-STDERR_LINES:]) or "(no output)"
-            raise RuntimeError(f"benchmark suite {name!r} failed (exit code {proc.returncode}):\n"
-                               f"{tail}")
-        return json.loads(out.read_text())
+def load_results(directory: str | os.PathLike = MEASUREMENTS,
+                 suites: tuple[str, ...] = ()) -> dict[str, dict | None]:
+    """Each suite's saved report, or None where the suite has not been measured yet."""
+    from ddpguide.bench import SUITES
+
+    directory = Path(directory)
+    results: dict[str, dict | None] = {}
+    for name in suites or tuple(SUITES):
+        path = directory / f"{name}.json"
+        results[name] = json.loads(path.read_text()) if path.exists() else None
+    return results
+
+
+def provenance(report: dict | None, suite: str = "") -> str:
+    """One line: when, on what and with which command a saved report was measured."""
+    if report is None:
+        return (f"Not measured yet: run `python -m ddpguide.bench {suite} --json "
+                f"book/measurements/{suite}.json` (or `make bench`).")
+    machine = report.get("machine", {})
+    cpu = machine.get("cpu_model", machine.get("processor", "?"))
+    gpus = ", ".join(machine.get("gpus", [])) or "no GPU"
+    load = report.get("load_at_start")
+    load_text = "" if load is None else (
+        f"; load average {load:.2f} at the start, {report.get('load_at_end', float('nan')):.2f} "
+        "at the end")
+    return (f"Measured {report.get('measured_at', '(date not recorded)')} on {cpu}, "
+            f"{machine.get('cpu_count', '?')} cores, {gpus}, torch {machine.get('torch', '?')}, "
+            f"with `{report.get('command', 'python -m ddpguide.bench ' + report['suite'])}`"
+            f"{load_text}.")
 
 
 def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+
+def invocation() -> str:
+    """The command line this process runs, as a reader would type it."""
+    if sys.argv and sys.argv[0].endswith(os.path.join("ddpguide", "bench", "__main__.py")):
+        return " ".join(["python -m ddpguide.bench", *sys.argv[1:]])
+    return " ".join(["python", *sys.argv]) if sys.argv else "python"
 
 
 def machine_info() -> dict:
@@ -51,6 +60,12 @@ class Report:
     ratios: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     machine: dict = field(default_factory=machine_info)
+    #: When and how the suite ran, and the machine's load (1-minute average) as it
+    #: started: a reader can tell a quiet run from a noisy one.
+    measured_at: str = field(default_factory=lambda: datetime.datetime.now(
+        datetime.timezone.utc).isoformat(timespec="seconds"))
+    command: str = field(default_factory=invocation)
+    load_at_start: float = field(default_factory=lambda: round(os.getloadavg()[0], 2))
 
     def add(self, name: str, value: float, unit: str, **details) -> Measurement:
         m = Measurement(name, float(value), unit, details)
@@ -78,6 +93,10 @@ class Report:
     def to_dict(self) -> dict:
         return {
             "suite": self.suite,
+            "measured_at": self.measured_at,
+            "command": self.command,
+            "load_at_start": self.load_at_start,
+            "load_at_end": round(os.getloadavg()[0], 2),
             "machine": self.machine,
             "measurements": [asdict(m) for m in self.measurements],
             "ratios": self.ratios,

@@ -120,7 +120,7 @@ def test_a_crashing_worker_is_reported_through_its_error_file():
     message = ("DeliberateCrash: rank 1 crashed on purpose at the start of epoch 0 "
                "(--crash-at-epoch)")
     assert crash.errors[1].exception == message
-    assert Path(crash.errors[1].file).name == "train_cli.py" and crash.errors[1].function == "run"
+    assert Path(crash.errors[1].file).name == "cli.py" and crash.errors[1].function == "run"
     # torchrun's failure summary carries the traceback text from the error file
     assert message in crash.run.output
     assert "ddpguide.train FAILED" in crash.run.output
