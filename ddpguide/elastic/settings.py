@@ -138,7 +138,7 @@ class AgentSettings:
     share_store: bool = False  # True reproduces torchrun's default (and its scale-up hang)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "AgentSettings":
+    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
         """From parsed ``node`` arguments: tuned, or torchrun's with ``--torchrun-defaults``."""
         if args.torchrun_defaults:
             conf = {k: str(v) for k, v in TORCHRUN_RDZV_CONF.items()}
@@ -146,8 +146,12 @@ class AgentSettings:
         else:
             conf = {k: str(v) for k, v in TUNED_RDZV_CONF.items()}
             monitor = TUNED_MONITOR_INTERVAL
-        conf.update(parse_rdzv_conf(args.rdzv_conf))
+        given = parse_rdzv_conf(args.rdzv_conf)
+        conf.update(given)
         if args.external_store:
+            if given.get("is_host", "false").lower() not in RDZV_FALSE_WORDS:
+                raise UsageError(f"--rdzv-conf is_host={given['is_host']}: contradicts "
+                                 "--external-store (the store runs elsewhere)")
             conf["is_host"] = "false"
         return cls(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
                    rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
@@ -156,7 +160,7 @@ class AgentSettings:
                    else args.monitor_interval,
                    rdzv_conf=conf, local_addr=args.local_addr, share_store=args.share_store)
 
-    def validate(self) -> "AgentSettings":
+    def validate(self) -> AgentSettings:
         """Raise :class:`UsageError` with one sentence for the first bad value."""
         parse_nnodes(self.nnodes)
         parse_endpoint(self.rdzv_endpoint)

@@ -119,6 +119,9 @@ CASES = [
     ("rdzv-conf-file-store", _node("--rdzv-conf", "store_type=file"),
      ("error: --rdzv-conf store_type=file: node mode needs the TCP store (store_type=tcp) at "
       "--rdzv-endpoint")),
+    ("rdzv-conf-is-host-and-external-store",
+     _node("--external-store", "--rdzv-conf", "is_host=yes"),
+     "error: --rdzv-conf is_host=yes: contradicts --external-store (the store runs elsewhere)"),
     ("monitor-interval-zero", _node("--monitor-interval", "0"),
      "error: --monitor-interval 0: must be a number of seconds above 0"),
     ("monitor-interval-nan", _node("--monitor-interval", "nan"),
