@@ -5,33 +5,32 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+from ddpguide.elastic.demo import DemoSettings
 from ddpguide.elastic.settings import (
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
+    OneLineParser,
     UsageError,
 )
+from ddpguide.elastic.worker_args import WorkerArgs
+
+if TYPE_CHECKING:
+    from ddpguide.elastic.checks import DemoPlan
 
 SECURITY = ("The c10d rendezvous store and the workers' store listen on every network "
             "interface and have no authentication: run this on trusted networks only.")
 MODES = ("demo", "node", "store")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line (and exit code 2, as argparse does)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
     conf = ",".join(f"{k}={v}" for k, v in TUNED_RDZV_CONF.items())
-    top = _Parser(prog="python -m ddpguide.elastic",
+    top = OneLineParser(prog="python -m ddpguide.elastic",
                   description="Elastic training with torchrun. Without arguments: the local demo "
                               "(node A starts, node B joins, B leaves, a worker is killed).",
                   epilog=SECURITY)
-    sub = top.add_subparsers(dest="mode", parser_class=_Parser)
+    sub = top.add_subparsers(dest="mode", parser_class=OneLineParser)
 
     demo = sub.add_parser("demo", help="the local demo on 127.0.0.1 (the default)",
                           description="Two torchrun agents on this machine: join, leave, crash.",
@@ -39,9 +38,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--report", metavar="FILE.json", help="write the timeline as JSON")
     demo.add_argument("--workdir", help="keep checkpoint, events and node logs here "
                                         "(an empty or new directory; default: a temporary one)")
-    demo.add_argument("--epochs", type=int, default=14)
-    demo.add_argument("--step-delay", type=float, default=0.15,
-                      help="seconds of sleep per step, standing in for compute (default 0.15)")
+    demo.add_argument("--epochs", type=int, default=DemoSettings.epochs,
+                      help=f"at least 8 (default {DemoSettings.epochs})")
+    demo.add_argument("--step-delay", type=float, default=DemoSettings.step_delay,
+                      help="seconds of sleep per step, standing in for compute "
+                           f"(default {DemoSettings.step_delay})")
     demo.add_argument("--external-store", action="store_true",
                       help="host the rendezvous store in a separate process")
     demo.add_argument("--torchrun-defaults", action="store_true",
@@ -60,8 +61,6 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--rdzv-id", default="ddpguide", help="job id, the same on every machine")
     node.add_argument("--max-restarts", type=int, default=3,
                       help="worker-group restarts allowed for failures (joins are free)")
-    node.add_argument("--checkpoint", required=True, help="checkpoint path every machine can reach")
-    node.add_argument("--epochs", type=int, default=12)
     node.add_argument("--rdzv-conf", default="",
                       help=f"KEY=VALUE,... over the defaults ({conf}); e.g. is_host=false")
     node.add_argument("--monitor-interval", type=float, default=None,
@@ -74,18 +73,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="the store runs elsewhere (python -m ddpguide.elastic store): is_host=false")
     node.add_argument("--local-addr", help="address other machines reach this one at")
     node.add_argument("--node-name", default=os.uname().nodename, help="name in the event file")
-    node.add_argument("--events", help="append JSON-lines events to this file")
-    node.add_argument("--step-delay", type=float, default=0.0, help="sleep per step (demo pacing)")
-    node.add_argument("--samples", type=int, default=256, help="training samples")
-    node.add_argument("--batch-size", type=int, default=16, help="per worker")
-    node.add_argument("--worker-timeout", type=float, default=30.0,
-                      help="seconds before a collective gives up")
     node.add_argument("--worker-start", choices=("forkserver", "exec"), default="forkserver",
                       help="forkserver (default): fork workers from a process that has imported "
                            "torch already; exec: a fresh interpreter per worker, as plain torchrun")
     node.add_argument("--start-when", metavar="FILE",
                       help="import everything, then wait until FILE exists before joining "
                            "(a demo starts an agent ahead and lets it join on cue)")
+    workers = node.add_argument_group("the workers' options (--checkpoint: a path every "
+                                      "machine can reach)")
+    WorkerArgs.add_arguments(workers, node=True)
 
     store = sub.add_parser("store", help="host the rendezvous store as its own process",
                            description="Host the c10d store so that no training node is a single "
@@ -95,34 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     return top
 
 
-def _check_demo(args) -> None:
-    if args.epochs < 8:
-        raise UsageError(f"--epochs {args.epochs}: the demo needs at least 8 epochs")
-    if args.step_delay < 0:
-        raise UsageError(f"--step-delay {args.step_delay}: must be >= 0")
-    if args.workdir:
-        workdir = Path(args.workdir)
-        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-            raise UsageError(f"--workdir {workdir}: must be a new or empty directory")
-    if args.report:
-        folder = Path(args.report).resolve().parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            raise UsageError(f"--report {args.report}: directory {folder} is not writable")
-
-
-def _demo(args) -> int:
-    from ddpguide.elastic.demo import DemoError, DemoSettings, run_demo
+def _demo(plan: DemoPlan) -> int:
+    from ddpguide.elastic.demo import DemoError, run_demo
     from ddpguide.elastic.report import summary
 
-    _check_demo(args)
-    settings = DemoSettings(epochs=args.epochs, step_delay=args.step_delay,
-                            external_store=args.external_store,
-                            torchrun_defaults=args.torchrun_defaults,
-                            # torchrun's defaults wait up to 45 s for a lost node
-                            phase_timeout_s=150.0 if args.torchrun_defaults else 60.0)
     print("elastic demo: torchrun agents on 127.0.0.1 (Ctrl-C stops everything)", flush=True)
     try:
-        report = run_demo(args.workdir, settings, args.report,
+        report = run_demo(plan.workdir, plan.settings, plan.report,
                           echo=lambda line: print(line, flush=True))
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -136,16 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0] not in MODES and argv[0] not in ("-h", "--help")):
         argv.insert(0, "demo")
     args = _parser().parse_args(argv)
+    from ddpguide.elastic import checks
+
     try:
+        # Every input is checked before anything starts (UsageError: one line, exit 2).
         if args.mode == "demo":
-            return _demo(args)
+            return _demo(checks.check_demo(args))
         if args.mode == "node":
+            options = checks.check_node(args)
             from ddpguide.elastic.node import run_node
 
-            return run_node(args)
+            return run_node(options)
+        store = checks.check_store(args)
         from ddpguide.elastic.node import run_store
 
-        return run_store(args)
+        return run_store(store)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

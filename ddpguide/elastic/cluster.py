@@ -26,6 +26,7 @@ from ddpguide.core.processes import (
     store_port,
 )
 from ddpguide.elastic.events import EventTail
+from ddpguide.elastic.worker_args import WorkerArgs
 
 LOOPBACK = "127.0.0.1"
 # gloo picks the interface of the machine's hostname unless told otherwise.
@@ -53,12 +54,12 @@ class LocalCluster:
     """torchrun agents on 127.0.0.1 sharing one checkpoint and one event file."""
 
     workdir: Path
-    epochs: int = 12
-    step_delay: float = 0.15
+    epochs: int = WorkerArgs.epochs
+    step_delay: float = WorkerArgs.step_delay
     nnodes: str = "1:3"
     max_restarts: int = 3
     torchrun_defaults: bool = False
-    samples: int = 256
+    samples: int = WorkerArgs.samples
     port: int = field(default_factory=store_port)
     nodes: dict[str, Node] = field(default_factory=dict)
     all_events: list[dict] = field(default_factory=list)
@@ -74,13 +75,14 @@ class LocalCluster:
     # -- starting ---------------------------------------------------------
     def node_command(self, name: str, nproc: int) -> list[str]:
         """The command line of one node (node mode of this package)."""
+        worker = WorkerArgs(checkpoint=str(self.checkpoint), epochs=self.epochs,
+                            events=str(self.events_path), step_delay=self.step_delay,
+                            samples=self.samples)
         cmd = [sys.executable, "-m", "ddpguide.elastic", "node",
                "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
                "--rdzv-endpoint", f"{LOOPBACK}:{self.port}", "--rdzv-id", "ddpguide-demo",
                "--max-restarts", str(self.max_restarts), "--local-addr", LOOPBACK,
-               "--checkpoint", str(self.checkpoint), "--epochs", str(self.epochs),
-               "--step-delay", f"{self.step_delay:g}", "--samples", str(self.samples),
-               "--events", str(self.events_path), "--node-name", name]
+               "--node-name", name, *worker.argv(node=True)]
         if self.torchrun_defaults:
             cmd.append("--torchrun-defaults")
         if self.store is not None:

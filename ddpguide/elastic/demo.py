@@ -24,6 +24,10 @@ from ddpguide.elastic.report import RunLog, build_report
 EPOCHS_BEFORE_JOIN = 2
 EPOCHS_AT_FOUR = 3
 EPOCHS_BEFORE_CRASH = 2
+# The longest phase runs 16 steps at world size 2 (2 epochs of 256 samples in
+# batches of 16 per worker) within its 60 s limit: 1 s a step leaves room for
+# a slow machine's restarts.
+MAX_STEP_DELAY_S = 1.0
 
 
 class DemoError(RuntimeError):

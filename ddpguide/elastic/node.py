@@ -1,8 +1,9 @@
 """``node`` and ``store`` modes: one torchrun agent per machine, and an optional separate store.
 
-``node`` checks its input (one line and exit code 2 for anything wrong,
-before anything is started or written), then runs torchrun's own agent in
-this process: torchrun's argument parser and ``LaunchConfig``, launched with
+``node`` runs torchrun's own agent in this process, with input that
+:mod:`ddpguide.elastic.checks` has checked (one line and exit code 2 for
+anything wrong, before anything is started or written): torchrun's argument
+parser and ``LaunchConfig``, launched with
 ``torch.distributed.launcher.api.elastic_launch`` (what ``torchrun`` itself
 calls), with the package's tuned rendezvous settings, the store-sharing
 workaround and workers forked from a warm forkserver. The seed's two-machine
@@ -18,178 +19,44 @@ training node is a single point of failure (agents then pass ``is_host=false``).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
+import shlex
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
 
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, die_with_parent
-from ddpguide.elastic.settings import (
-    TORCHRUN_MONITOR_INTERVAL,
-    TORCHRUN_RDZV_CONF,
-    AgentSettings,
-    UsageError,
-    command_line,
-    is_local_host,
-    parse_endpoint,
-    parse_rdzv_conf,
-    port_is_free,
-)
+from ddpguide.elastic.checks import NodeOptions, StoreOptions
+from ddpguide.elastic.settings import AgentSettings
+from ddpguide.elastic.worker_args import WorkerArgs
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence file descriptor 2 (c10d prints C++ retry warnings while probing)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+def command_line(settings: AgentSettings, worker: WorkerArgs) -> str:
+    """The equivalent plain ``torchrun`` command, for the reader to copy."""
+    env = " ".join(f"{k}={v}" for k, v in settings.environment().items())
+    parts = [env, "torchrun", *settings.torchrun_args(), "-m", "ddpguide.elastic.worker",
+             *map(shlex.quote, worker.argv())]
+    return " ".join(p for p in parts if p)
 
 
-def store_answers(host: str, port: int, wait_s: float = 3.0) -> bool:
-    """True when a c10d TCPStore answers at host:port within ``wait_s``.
-
-    A TCPStore client talking to some other server can hang past its own
-    timeout, so the probe runs in a daemon thread that is abandoned if late.
-    """
-    import torch.distributed as dist
-
-    answers: list[bool] = []
-
-    def probe() -> None:
-        with contextlib.suppress(Exception):
-            store = dist.TCPStore(host, port, is_master=False,
-                                  timeout=datetime.timedelta(seconds=wait_s))
-            store.check(["ddpguide-probe"])
-            answers.append(True)
-
-    with _quiet_stderr():
-        thread = threading.Thread(target=probe, daemon=True)
-        thread.start()
-        thread.join(wait_s)
-    return bool(answers)
-
-
-def check_endpoint(settings: AgentSettings) -> None:
-    """Refuse an endpoint whose port on this machine is held by something that is not a store."""
-    host, port = parse_endpoint(settings.rdzv_endpoint)
-    # Only a connection tells: binding the port to test it would hold it for a
-    # moment, and an agent starting beside this one could then fail to bind its
-    # store there and quietly become a client of a store that never comes.
-    if not is_local_host(host) or not _listening(host, port):
-        return  # a remote store, or one this agent will host
-    if not store_answers(host, port):
-        raise UsageError(f"--rdzv-endpoint {settings.rdzv_endpoint}: port {port} is in use "
-                         "by another program, not a c10d store; pick a free port")
-
-
-def _listening(host: str, port: int) -> bool:
-    """Whether something accepts connections at ``host:port``."""
-    try:
-        socket.create_connection((host, port), timeout=2.0).close()
-    except OSError:
-        return False
-    return True
-
-
-def check_checkpoint(path: str) -> None:
-    """A checkpoint path must be writable, and an existing checkpoint must fit the model."""
-    from ddpguide.core.checkpoint import (
-        CheckpointError,
-        check_checkpoint_fits,
-        check_writable_directory,
-    )
-    from ddpguide.core.models import ToyModel
-
-    try:
-        check_writable_directory(path)
-        with _warnings_as_notes():
-            check_checkpoint_fits(path, ToyModel())
-    except CheckpointError as exc:
-        raise UsageError(f"--checkpoint {path}: {exc}") from None
-
-
-@contextlib.contextmanager
-def _warnings_as_notes():
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for w in caught:
-        print(f"note: {w.message}", file=sys.stderr)
-
-
-def build_settings(args) -> AgentSettings:
-    """AgentSettings from parsed ``node`` arguments (tuned unless --torchrun-defaults)."""
-    if args.torchrun_defaults:
-        conf = {k: str(v) for k, v in TORCHRUN_RDZV_CONF.items()}
-        monitor = TORCHRUN_MONITOR_INTERVAL
-    else:
-        conf = AgentSettings().rdzv_conf
-        monitor = AgentSettings().monitor_interval
-    conf.update(parse_rdzv_conf(args.rdzv_conf))
-    if args.external_store:
-        conf["is_host"] = "false"
-    return AgentSettings(
-        nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
-        rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval if args.monitor_interval is not None else monitor,
-        rdzv_conf=conf, local_addr=args.local_addr, share_store=args.share_store,
-    ).validate()
-
-
-def worker_args(args) -> list[str]:
-    """The worker half of the command line."""
-    out = ["--checkpoint", str(Path(args.checkpoint).resolve()), "--epochs", str(args.epochs),
-           "--step-delay", f"{args.step_delay:g}", "--samples", str(args.samples),
-           "--batch-size", str(args.batch_size), "--timeout", f"{args.worker_timeout:g}"]
-    if args.events:
-        out += ["--events", str(Path(args.events).resolve())]
-    return out
-
-
-def run_node(args) -> int:
-    """Validate, then become this machine's torchrun agent; returns torchrun's exit code."""
+def run_node(options: NodeOptions) -> int:
+    """Become this machine's torchrun agent; returns torchrun's exit code."""
     if os.environ.get(DIE_WITH_PARENT_ENV) == "1":
         die_with_parent()  # started by a local demo: never outlive it
-    settings = build_settings(args)
-    if args.epochs < 1:
-        raise UsageError(f"--epochs {args.epochs}: must be at least 1")
-    if args.step_delay < 0:
-        raise UsageError(f"--step-delay {args.step_delay}: must be >= 0")
-    check_checkpoint(args.checkpoint)
-    if settings.rdzv_conf.get("is_host", "").lower() not in ("false", "0"):
-        check_endpoint(settings)
-    if args.events:
-        events_dir = Path(args.events).resolve().parent
-        if not events_dir.is_dir() or not os.access(events_dir, os.W_OK):
-            raise UsageError(f"--events {args.events}: directory {events_dir} is not writable")
-
+    settings, worker = options.agent, options.worker
     os.environ.update(settings.environment())
-    if args.node_name:
-        os.environ["DDPGUIDE_NODE"] = args.node_name
-    warm = args.worker_start == "forkserver" and not args.torchrun_defaults
-    if args.nproc_per_node > 1:
+    os.environ["DDPGUIDE_NODE"] = options.node_name
+    if settings.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does, before anything forks
-    if warm:
+    if options.warm:
         _start_forkserver()
         _plain_agent_logging()
-    argv = [*settings.torchrun_args(), "--start-method", "forkserver" if warm else "spawn",
-            "-m", "ddpguide.elastic.worker", *worker_args(args)]
+    argv = [*settings.torchrun_args(), "--start-method", "forkserver" if options.warm else "spawn",
+            "-m", "ddpguide.elastic.worker", *worker.argv()]
     print("the same agent as a plain command (workers exec'd instead of forked):\n  "
-          + command_line(settings, worker_args(args)), file=sys.stderr, flush=True)
+          + command_line(settings, worker), file=sys.stderr, flush=True)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -198,15 +65,15 @@ def run_node(args) -> int:
 
     # torchrun's own parser and LaunchConfig: the agent is exactly torchrun's.
     config, command, command_args = config_from_args(get_args_parser().parse_args(argv))
-    if warm:
+    if options.warm:
         from ddpguide.elastic.worker import elastic_entry
 
         # A Python function as entrypoint makes the agent start workers with
         # multiprocessing (here: forked from the warm forkserver) instead of
         # exec'ing a fresh interpreter that must import torch again.
-        command, command_args = elastic_entry, worker_args(args)
-    if args.start_when:
-        _wait_for_go(args)
+        command, command_args = elastic_entry, worker.argv()
+    if options.start_when:
+        _wait_for_go(options)
     try:
         elastic_launch(config, command)(*command_args)
     except ChildFailedError as exc:
@@ -261,29 +128,26 @@ def _failure_text(exc) -> str:
     return " ".join(str(message).split())[:300] or f"exit code {failure.exitcode}"
 
 
-def _wait_for_go(args) -> None:
+def _wait_for_go(options: NodeOptions) -> None:
     """Hold a fully imported agent until ``--start-when`` exists (a demo's join on cue)."""
     import time
 
     from ddpguide.elastic.events import EventWriter
 
-    if args.events:
-        EventWriter(args.events, node=args.node_name, rank=None).write("agent_waiting")
-    while not Path(args.start_when).exists():
+    if options.worker.events:
+        EventWriter(options.worker.events, node=options.node_name,
+                    rank=None).write("agent_waiting")
+    while not Path(options.start_when).exists():
         time.sleep(0.02)
 
 
-def run_store(args) -> int:
+def run_store(options: StoreOptions) -> int:
     """Host a c10d TCPStore until SIGTERM/SIGINT (the rendezvous lives here, not in a node)."""
-    if not 1 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port}: outside 1-65535")
-    if not port_is_free(args.host, args.port):
-        raise UsageError(f"--port {args.port}: already in use on this machine")
     if os.environ.get(DIE_WITH_PARENT_ENV) == "1":
         die_with_parent()
     import torch.distributed as dist
 
-    store = dist.TCPStore(args.host, args.port, is_master=True, wait_for_workers=False,
+    store = dist.TCPStore(options.host, options.port, is_master=True, wait_for_workers=False,
                           multi_tenant=True, timeout=datetime.timedelta(seconds=60))
     print(f"c10d store listening on port {store.port} (every interface, no authentication: "
           "trusted networks only); start nodes with --external-store "

@@ -5,9 +5,12 @@ Nothing here imports torch, so ``--help`` and bad-input errors are instant.
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
+import math
 import socket
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 # torchrun's own defaults, for comparison (torch/distributed/elastic/rendezvous).
 TORCHRUN_RDZV_CONF = {
@@ -40,6 +43,13 @@ class UsageError(ValueError):
     """Bad command-line input: reported as one line, exit code 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (and exit code 2, as argparse does)."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def parse_nnodes(text: str) -> tuple[int, int]:
     """``"2"`` -> (2, 2); ``"1:3"`` -> (1, 3); anything else raises :class:`UsageError`."""
     parts = text.split(":")
@@ -57,19 +67,29 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port), or :class:`UsageError`."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not port.isdigit() or any(c.isspace() for c in host):
         raise UsageError(f"--rdzv-endpoint {text!r}: expected HOST:PORT, e.g. 10.0.0.1:29400")
     if not 1 <= int(port) <= 65535:
         raise UsageError(f"--rdzv-endpoint {text!r}: port {port} is outside 1-65535")
     return host, int(port)
 
 
+# What torch's c10d rendezvous reads from --rdzv-conf (dynamic_rendezvous.py,
+# c10d_rendezvous_backend.py; "timeout" comes from the launcher). Any other
+# key is ignored by torch without a word, so a misspelt one is refused here.
+RDZV_INT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout",
+                 "keep_alive_interval", "keep_alive_max_attempt", "read_timeout", "timeout")
+RDZV_FALSE_WORDS = ("0", "false", "f", "no", "n")  # RendezvousParameters.get_as_bool's
+RDZV_BOOL_WORDS = ("1", "true", "t", "yes", "y", *RDZV_FALSE_WORDS)
+RDZV_KEYS = (*RDZV_INT_KEYS, "is_host", "store_type")
+
+
 def parse_rdzv_conf(text: str | None) -> dict[str, str]:
-    """``"a=1,b=2"`` -> {"a": "1", "b": "2"}."""
+    """``"a=1,b=2"`` -> {"a": "1", "b": "2"}; a key without a value is refused, as torch does."""
     conf: dict[str, str] = {}
     for item in filter(None, (text or "").split(",")):
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not key.strip() or not value.strip():
             raise UsageError(f"--rdzv-conf {text!r}: expected KEY=VALUE[,KEY=VALUE...]")
         conf[key.strip()] = value.strip()
     return conf
@@ -117,7 +137,30 @@ class AgentSettings:
     local_addr: str | None = None
     share_store: bool = False  # True reproduces torchrun's default (and its scale-up hang)
 
-    def validate(self) -> "AgentSettings":
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
+        """From parsed ``node`` arguments: tuned, or torchrun's with ``--torchrun-defaults``."""
+        if args.torchrun_defaults:
+            conf = {k: str(v) for k, v in TORCHRUN_RDZV_CONF.items()}
+            monitor = TORCHRUN_MONITOR_INTERVAL
+        else:
+            conf = {k: str(v) for k, v in TUNED_RDZV_CONF.items()}
+            monitor = TUNED_MONITOR_INTERVAL
+        given = parse_rdzv_conf(args.rdzv_conf)
+        conf.update(given)
+        if args.external_store:
+            if given.get("is_host", "false").lower() not in RDZV_FALSE_WORDS:
+                raise UsageError(f"--rdzv-conf is_host={given['is_host']}: contradicts "
+                                 "--external-store (the store runs elsewhere)")
+            conf["is_host"] = "false"
+        return cls(nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                   rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                   max_restarts=args.max_restarts,
+                   monitor_interval=monitor if args.monitor_interval is None
+                   else args.monitor_interval,
+                   rdzv_conf=conf, local_addr=args.local_addr, share_store=args.share_store)
+
+    def validate(self) -> AgentSettings:
         """Raise :class:`UsageError` with one sentence for the first bad value."""
         parse_nnodes(self.nnodes)
         parse_endpoint(self.rdzv_endpoint)
@@ -125,17 +168,29 @@ class AgentSettings:
             raise UsageError(f"--nproc-per-node {self.nproc_per_node}: must be at least 1")
         if self.max_restarts < 0:
             raise UsageError(f"--max-restarts {self.max_restarts}: must be >= 0")
-        if self.monitor_interval <= 0:
-            raise UsageError(f"--monitor-interval {self.monitor_interval}: must be > 0")
+        if not (math.isfinite(self.monitor_interval) and self.monitor_interval > 0):
+            raise UsageError(f"--monitor-interval {self.monitor_interval:g}: must be a number "
+                             "of seconds above 0")
         if not self.rdzv_id or any(c.isspace() for c in self.rdzv_id):
             raise UsageError(f"--rdzv-id {self.rdzv_id!r}: must be a non-empty word")
-        for key in ("join_timeout", "last_call_timeout", "keep_alive_interval",
-                    "keep_alive_max_attempt", "read_timeout"):
-            value = self.rdzv_conf.get(key)
-            if value is not None and (not value.isdigit() or int(value) < 1):
+        for key, value in self.rdzv_conf.items():
+            if key not in RDZV_KEYS:
+                raise UsageError(f"--rdzv-conf {key}={value}: unknown key (the c10d rendezvous "
+                                 f"reads {', '.join(RDZV_KEYS)})")
+            if key in RDZV_INT_KEYS and (not value.isdigit() or int(value) < 1):
                 raise UsageError(f"--rdzv-conf {key}={value}: must be a whole number >= 1 "
                                  "(torchrun reads these as integers)")
+            if key == "is_host" and value.lower() not in RDZV_BOOL_WORDS:
+                raise UsageError(f"--rdzv-conf is_host={value}: must be true or false")
+            if key == "store_type" and value.lower() != "tcp":
+                raise UsageError(f"--rdzv-conf store_type={value}: node mode needs the TCP "
+                                 "store (store_type=tcp) at --rdzv-endpoint")
         return self
+
+    @property
+    def may_host_store(self) -> bool:
+        """False when ``is_host`` says another process hosts the rendezvous store."""
+        return self.rdzv_conf.get("is_host", "").lower() not in RDZV_FALSE_WORDS
 
     def torchrun_args(self) -> list[str]:
         """The launcher half of the torchrun command line (the worker half follows)."""
@@ -158,12 +213,3 @@ class AgentSettings:
     def environment(self) -> dict[str, str]:
         """Environment variables the agent needs besides the inherited ones."""
         return {} if self.share_store else dict(STORE_SHARING_WORKAROUND)
-
-
-def command_line(settings: AgentSettings, worker_args: list[str]) -> str:
-    """The equivalent plain ``torchrun`` command, for the reader to copy."""
-    env = " ".join(f"{k}={v}" for k, v in settings.environment().items())
-    parts = [env, "torchrun", *settings.torchrun_args(), "-m", "ddpguide.elastic.worker",
-             *worker_args]
-    return " ".join(p for p in parts if p)
-

@@ -20,26 +20,16 @@ interpreter's start stay cheap.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from ddpguide.core.processes import die_with_parent, exit_now
+from ddpguide.elastic.worker_args import WorkerArgs
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m ddpguide.elastic.worker",
-                                     description="An elastic training worker (started by torchrun).")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint file shared by all nodes")
-    parser.add_argument("--epochs", type=int, default=12)
-    parser.add_argument("--events", help="append JSON-lines events to this file")
-    parser.add_argument("--step-delay", type=float, default=0.0,
-                        help="seconds to sleep after each step (stands in for real compute)")
-    parser.add_argument("--samples", type=int, default=256, help="training samples per epoch")
-    parser.add_argument("--batch-size", type=int, default=16, help="per rank")
-    parser.add_argument("--timeout", type=float, default=30.0,
-                        help="seconds before a collective gives up")
-    return parser.parse_args(argv)
+def parse_args(argv: list[str] | None = None) -> WorkerArgs:
+    """The worker's command line, as ``node`` mode wrote it (:meth:`WorkerArgs.argv`)."""
+    return WorkerArgs.parse(argv)
 
 
 def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
@@ -57,7 +47,7 @@ def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
                       TensorDataset(x[samples:], y[samples:]))
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: WorkerArgs) -> None:
     """Join the group torchrun describes, train to ``args.epochs``, leave."""
     from ddpguide.core.runtime import DistEnv
     from ddpguide.elastic.events import EventWriter

@@ -227,6 +227,9 @@ def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None
                 time.sleep(config.step_delay_s)
         if _distributed():
             dist.all_reduce(loss_sum)
+        # Steps summed over ranks, so every rank agrees: an epoch without one
+        # (no data) trained nothing and must not replace a good checkpoint.
+        trained = bool(loss_sum[1] > 0)
         accuracy = None
         if config.evaluate:
             correct, total = evaluate(model, data.test, 256, env, device, settings)
@@ -235,11 +238,15 @@ def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None
         record = EpochRecord(epoch, env.world_size, float(loss_sum[0] / loss_sum[1].clamp(min=1)),
                              accuracy, time.perf_counter() - epoch_start)
         result.epochs.append(record)
-        history.append(asdict(record))
-        if config.checkpoint and env.is_main:
+        if trained:
+            history.append(asdict(record))
+        if config.checkpoint and env.is_main and trained:
             save_checkpoint(training_state(epoch, model, optimizer, scaler, history=history),
                             config.checkpoint)
-        if config.log and env.is_main:
+        if config.log and env.is_main and not trained:
+            logger.warning("epoch %d/%d ran no training step (no data): nothing saved",
+                           epoch + 1, config.epochs)
+        elif config.log and env.is_main:
             acc = f", test accuracy {accuracy:.2%}" if accuracy is not None else ""
             logger.info("epoch %d/%d: loss %.4f%s (%.1f s, world size %d)", epoch + 1,
                         config.epochs, record.train_loss, acc, record.seconds, env.world_size)

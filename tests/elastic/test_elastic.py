@@ -237,7 +237,7 @@ def test_a_port_held_by_a_c10d_store_is_joined_not_refused():
 
     import torch.distributed as dist
 
-    from ddpguide.elastic.node import check_endpoint
+    from ddpguide.elastic.checks import check_endpoint
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=10))
@@ -283,7 +283,7 @@ def test_waiting_for_the_store_reports_an_agent_that_exited_at_once(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_port_bound_for_a_moment_by_another_agent_is_not_refused():
     """Something bound but not listening is no reason to refuse the endpoint."""
-    from ddpguide.elastic.node import check_endpoint
+    from ddpguide.elastic.checks import check_endpoint
 
     with socket.socket() as probe:
         probe.bind(("", 0))
@@ -294,7 +294,7 @@ def test_checking_the_endpoint_never_binds_its_port(monkeypatch):
     """Two agents start together: the one that is not the host must not hold the
     port even for a moment, or the host fails to bind its store there and
     quietly becomes a client of a store that never comes."""
-    from ddpguide.elastic.node import check_endpoint
+    from ddpguide.elastic.checks import check_endpoint
 
     with socket.socket() as sock:
         sock.bind(("", 0))
@@ -309,3 +309,4 @@ def test_checking_the_endpoint_never_binds_its_port(monkeypatch):
     monkeypatch.setattr(socket.socket, "bind", spy)
     check_endpoint(AgentSettings(rdzv_endpoint=f"127.0.0.1:{port}"))
     assert [a for a in bound if a[1] == port] == []
+

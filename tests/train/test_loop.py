@@ -62,3 +62,34 @@ def test_models_from_the_sources():
         ConvNet(image_size=30)
     with pytest.raises(ValueError, match="unknown model 'resnet': choose one of toy, convnet"):
         build_model("resnet")
+
+
+def test_an_epoch_without_a_step_leaves_the_checkpoint_alone(tmp_path):
+    """No data means no step: nothing is saved, the good checkpoint and its fallback stay."""
+    from torch.utils.data import TensorDataset
+
+    from ddpguide.core.checkpoint import previous_path, save_checkpoint, training_state
+    from ddpguide.core.data import DataSplits
+
+    ckpt = tmp_path / "checkpoint.pt"
+    model = ToyModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):  # the latest and its .prev
+        save_checkpoint(training_state(0, model, optimizer, history=[]), ckpt)
+    before = {p: p.read_bytes() for p in (ckpt, previous_path(ckpt))}
+    test_set = TensorDataset(torch.randn(8, 10), torch.zeros(8, dtype=torch.long))
+
+    def run(samples: int):
+        data = DataSplits("toy", TensorDataset(torch.randn(samples, 10),
+                                               torch.zeros(samples, dtype=torch.long)), test_set)
+        return fit(TrainConfig(model="toy", epochs=3, batch_size=4, checkpoint=str(ckpt),
+                               log=False), data=data)
+
+    empty = run(0)
+    assert [e.epoch for e in empty.epochs] == [1, 2] and empty.step_losses == []
+    assert empty.history == []
+    assert {p: p.read_bytes() for p in before} == before
+    # and the check can fail: one sample is a step, and the step is saved
+    one = run(1)
+    assert len(one.step_losses) == 2 and [h["epoch"] for h in one.history] == [1, 2]
+    assert ckpt.read_bytes() != before[ckpt]

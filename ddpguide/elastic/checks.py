@@ -1,0 +1,266 @@
+"""Every input of ``python -m ddpguide.elastic`` is checked before anything starts.
+
+:func:`check_demo`, :func:`check_node` and :func:`check_store` turn parsed
+arguments into typed, frozen plans, or raise :class:`UsageError` with one
+line naming the option and its value (exit code 2). They start no process
+and leave no file behind: a directory is tested with a probe file that is
+removed at once, because ``os.access`` says yes to root even on a read-only
+file system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import math
+import os
+import socket
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ddpguide.elastic.demo import MAX_STEP_DELAY_S, DemoSettings
+from ddpguide.elastic.settings import (
+    AgentSettings,
+    UsageError,
+    is_local_host,
+    parse_endpoint,
+    port_is_free,
+)
+from ddpguide.elastic.worker_args import WorkerArgs
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """What the local demo runs with."""
+
+    settings: DemoSettings
+    workdir: str | None = None
+    report: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """What one ``node`` agent runs with, all of it checked."""
+
+    agent: AgentSettings
+    worker: WorkerArgs
+    node_name: str
+    warm: bool = True            # fork workers from a forkserver that has imported torch
+    start_when: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """What a separate rendezvous store runs with."""
+
+    port: int
+    host: str = "127.0.0.1"
+
+
+def _check_word(option: str, value: str) -> None:
+    if not value or any(c.isspace() for c in value):
+        raise UsageError(f"{option} {value!r}: must be a non-empty word")
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no new file can be made in ``folder``, or None."""
+    if not folder.is_dir():
+        return "not a directory" if folder.exists() else "no such directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_output_file(option: str, path: str) -> Path:
+    """A file that will be written or appended to: not a directory, in a writable directory."""
+    target = Path(path).resolve()
+    if target.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    why = _unwritable(target.parent)
+    if why:
+        raise UsageError(f"{option} {path}: directory {target.parent} is not writable ({why})")
+    return target
+
+
+def check_checkpoint(path: str) -> None:
+    """A checkpoint path must be writable, and an existing checkpoint must fit the model."""
+    from ddpguide.core.checkpoint import (
+        CheckpointError,
+        check_checkpoint_fits,
+        check_writable_directory,
+    )
+    from ddpguide.core.models import ToyModel
+
+    if Path(path).is_dir():
+        raise UsageError(f"--checkpoint {path}: is a directory")
+    try:
+        check_writable_directory(path)
+        with _warnings_as_notes():
+            check_checkpoint_fits(path, ToyModel())
+    except CheckpointError as exc:
+        raise UsageError(f"--checkpoint {path}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _warnings_as_notes():
+    """A fallback to ``.prev`` is allowed, but the reader hears of it (one line each)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        print(f"note: {w.message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (c10d prints C++ retry warnings while probing)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def store_answers(host: str, port: int, wait_s: float = 3.0) -> bool:
+    """True when a c10d TCPStore answers at host:port within ``wait_s``.
+
+    A TCPStore client talking to some other server can hang past its own
+    timeout, so the probe runs in a daemon thread that is abandoned if late.
+    """
+    import torch.distributed as dist
+
+    answers: list[bool] = []
+
+    def probe() -> None:
+        with contextlib.suppress(Exception):
+            store = dist.TCPStore(host, port, is_master=False,
+                                  timeout=datetime.timedelta(seconds=wait_s))
+            store.check(["ddpguide-probe"])
+            answers.append(True)
+
+    with _quiet_stderr():
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        thread.join(wait_s)
+    return bool(answers)
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at ``host:port``."""
+    try:
+        socket.create_connection((host, port), timeout=2.0).close()
+    except OSError:
+        return False
+    return True
+
+
+def check_endpoint(settings: AgentSettings) -> None:
+    """Refuse an endpoint whose port on this machine is held by something that is not a store."""
+    host, port = parse_endpoint(settings.rdzv_endpoint)
+    # Only a connection tells: binding the port to test it would hold it for a
+    # moment, and an agent starting beside this one could then fail to bind its
+    # store there and quietly become a client of a store that never comes.
+    if not is_local_host(host) or not _listening(host, port):
+        return  # a remote store, or one this agent will host
+    if not store_answers(host, port):
+        raise UsageError(f"--rdzv-endpoint {settings.rdzv_endpoint}: port {port} is in use "
+                         "by another program, not a c10d store; pick a free port")
+
+
+def check_local_addr(addr: str) -> None:
+    """``--local-addr`` must name this machine: binding to it (on any free port) is the test."""
+    _check_word("--local-addr", addr)
+    try:
+        infos = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)
+    except OSError:
+        raise UsageError(f"--local-addr {addr!r}: unknown host") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            try:
+                sock.bind(address)
+                return
+            except OSError:
+                continue
+    raise UsageError(f"--local-addr {addr!r}: not an address of this machine")
+
+
+def check_node(args: argparse.Namespace) -> NodeOptions:
+    """Every ``node`` option, cheap checks first; the checkpoint is read last but one."""
+    settings = AgentSettings.from_args(args).validate()
+    worker = WorkerArgs.from_namespace(args).validate(node=True)
+    _check_word("--node-name", args.node_name)
+    if args.local_addr is not None:
+        check_local_addr(args.local_addr)
+    checkpoint = Path(worker.checkpoint).resolve()
+    events = None
+    if worker.events is not None:
+        from ddpguide.core.checkpoint import previous_path
+
+        events = check_output_file("--events", worker.events)
+        if events in (checkpoint, previous_path(checkpoint)):
+            raise UsageError(f"--events {worker.events}: would write into the checkpoint")
+    if args.start_when is not None:
+        folder = Path(args.start_when).resolve().parent
+        if not folder.is_dir():
+            raise UsageError(f"--start-when {args.start_when}: directory {folder} does not "
+                             "exist (the agent would wait for ever)")
+    check_checkpoint(worker.checkpoint)
+    if settings.may_host_store:
+        check_endpoint(settings)
+    # Absolute paths: the printed torchrun command must work from any directory.
+    worker = replace(worker, checkpoint=str(checkpoint), events=str(events) if events else None)
+    return NodeOptions(settings, worker, args.node_name,
+                       warm=args.worker_start == "forkserver" and not args.torchrun_defaults,
+                       start_when=args.start_when)
+
+
+def check_demo(args: argparse.Namespace) -> DemoPlan:
+    """The demo's options: sizes and pacing it can finish with, paths it can write."""
+    if args.epochs < 8:
+        raise UsageError(f"--epochs {args.epochs}: the demo needs at least 8 epochs")
+    if not (math.isfinite(args.step_delay) and 0 <= args.step_delay <= MAX_STEP_DELAY_S):
+        raise UsageError(f"--step-delay {args.step_delay:g}: must be a number of seconds from "
+                         f"0 to {MAX_STEP_DELAY_S:g} (each phase of the demo has a time limit)")
+    if args.workdir is not None:
+        workdir = Path(args.workdir)
+        if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+            raise UsageError(f"--workdir {workdir}: must be a new or empty directory")
+        existing = workdir.resolve()
+        while not existing.exists():  # the directory and its parents are made when it starts
+            existing = existing.parent
+        why = _unwritable(existing)
+        if why:
+            raise UsageError(f"--workdir {workdir}: cannot be written in {existing} ({why})")
+    if args.report is not None:
+        check_output_file("--report", args.report)
+    settings = DemoSettings(epochs=args.epochs, step_delay=args.step_delay,
+                            external_store=args.external_store,
+                            torchrun_defaults=args.torchrun_defaults,
+                            # torchrun's defaults wait up to 45 s for a lost node
+                            phase_timeout_s=150.0 if args.torchrun_defaults else 60.0)
+    return DemoPlan(settings, args.workdir, args.report)
+
+
+def check_store(args: argparse.Namespace) -> StoreOptions:
+    """The store's port must be valid and free; its host a word."""
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: outside 1-65535")
+    _check_word("--host", args.host)
+    if not port_is_free(args.host, args.port):
+        raise UsageError(f"--port {args.port}: already in use on this machine")
+    return StoreOptions(args.port, args.host)

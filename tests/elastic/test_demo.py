@@ -1,0 +1,48 @@
+"""The demo's cheap parts: ``run_cli`` (bad arguments, the time limit), its defaults on
+the command line, and a milestone that never comes."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ddpguide.core.processes import store_port
+from ddpguide.elastic import __main__ as cli
+from ddpguide.elastic.demo import DemoError, DemoSettings, _wait_for, run_cli
+from ddpguide.elastic.report import RunLog
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, line", [
+    (["--epochs", "3"], "error: --epochs 3: the demo needs at least 8 epochs"),
+    (["--step-delay", "-0.1"], ("error: --step-delay -0.1: must be a number of seconds from 0 "
+                                "to 1 (each phase of the demo has a time limit)")),
+])
+def test_run_cli_shows_a_bad_argument_and_its_exit_code(args, line):
+    lines: list[str] = []
+    assert run_cli(args, timeout_s=50, echo=lines.append) == 2
+    assert lines == [line]
+
+
+@pytest.mark.timeout(60)
+def test_run_cli_kills_what_outlives_its_time_limit():
+    lines: list[str] = []
+    started = time.monotonic()
+    code = run_cli(["store", "--port", str(store_port())], timeout_s=3, echo=lines.append)
+    assert code == -9 and lines[-1] == "error: stopped after 3 s"
+    assert time.monotonic() - started < 30
+
+
+def test_the_command_line_defaults_are_the_demo_settings():
+    args = cli._parser().parse_args(["demo"])
+    assert (args.epochs, args.step_delay) == (DemoSettings.epochs, DemoSettings.step_delay)
+
+
+def test_a_milestone_that_never_comes_is_an_error():
+    cluster = SimpleNamespace(poll=list, nodes={})
+    started = time.monotonic()
+    with pytest.raises(DemoError, match=r"^no the end of training within 0.2 s\n$"):
+        _wait_for(cluster, RunLog(echo=None), lambda: False, "the end of training", 0.2)
+    assert time.monotonic() - started < 5
