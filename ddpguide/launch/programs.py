@@ -1,0 +1,163 @@
+"""The book's standalone programs (``book/programs/``), shown and run from a chapter.
+
+A chapter shows a program in full with :func:`show`, runs it with the command a
+reader would type with :func:`run` (in a fresh folder that holds only a copy of
+the program, as a reader who copied it would; its lines appear in the cell as
+they are printed), and shows the change from one program to the next with
+:func:`diff`. Every run is bounded: at the time limit the program's whole
+process group is killed and :class:`ProgramTimeout` raised.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ddpguide.core.processes import descendants, signal_all
+
+#: Where the programs live in a checkout.
+PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+
+
+class ProgramTimeout(TimeoutError):
+    """The program did not finish in time; all its processes were killed."""
+
+
+class ProgramFailed(RuntimeError):
+    """The program exited with a status other than the one expected."""
+
+
+@dataclass
+class ProgramRun:
+    """What one run of a program printed, and how it ended."""
+
+    command: str
+    returncode: int
+    output: str
+    seconds: float
+    workdir: Path
+
+    def lines(self) -> list[str]:
+        return self.output.splitlines()
+
+
+def path_of(name: str) -> Path:
+    """The program ``name`` (``ddp_spawn.py``, or a path below ``book/programs``)."""
+    path = PROGRAMS / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no program {name!r} in {PROGRAMS}")
+    return path
+
+
+def show(name: str):
+    """The program in full, highlighted (in JupyterLab and in the HTML book)."""
+    from IPython.display import Code
+
+    return Code(filename=str(path_of(name)), language="python")
+
+
+def diff(old: str, new: str, context: int = 2) -> str:
+    """The unified diff from one program to another, computed, not typed."""
+    a, b = path_of(old), path_of(new)
+    return "".join(difflib.unified_diff(
+        a.read_text().splitlines(keepends=True), b.read_text().splitlines(keepends=True),
+        fromfile=old, tofile=new, n=context))
+
+
+def show_diff(old: str, new: str, context: int = 2):
+    """:func:`diff`, highlighted."""
+    from IPython.display import Code
+
+    return Code(diff(old, new, context), language="diff")
+
+
+def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
+        expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
+        workdir: str | os.PathLike | None = None) -> ProgramRun:
+    """Run ``<launcher> <name> <args>`` in a folder holding a copy of the program.
+
+    ``launcher`` is what the reader types before the file name: ``("python",)``
+    or ``("torchrun", "--standalone", "--nproc-per-node=2")``. ``expect`` is the
+    exit status the chapter expects (None: any). The folder is kept, so a
+    chapter can read what the program wrote (``ProgramRun.workdir``).
+    """
+    source = path_of(name)
+    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, folder / source.name)
+    command = [*launcher, source.name, *args]
+    shown = " ".join(shlex.quote(part) for part in command)
+    executable = {"python": [sys.executable],
+                  "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+    argv = [*executable.get(command[0], [command[0]]), *command[1:]]
+    if echo:
+        print(f"$ {shown}", flush=True)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    output: list[str] = []
+    killer = _Deadline(process, timeout)
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if echo:
+                print(line, end="", flush=True)
+        process.wait()
+    finally:
+        killer.cancel()
+        _kill_group(process)
+    seconds = time.monotonic() - started
+    text = "".join(output)
+    if killer.fired:
+        raise ProgramTimeout(f"`{shown}` did not finish within {timeout:g} s and was stopped")
+    if expect is not None and process.returncode != expect:
+        tail = "\n".join(text.splitlines()[-30:])
+        raise ProgramFailed(f"`{shown}` exited with {process.returncode} (expected {expect}):\n{tail}")
+    return ProgramRun(shown, process.returncode, text, seconds, folder)
+
+
+class _Deadline:
+    """Kills the program's process group when the time is up (the output loop may block)."""
+
+    def __init__(self, process: subprocess.Popen, timeout: float):
+        import threading
+
+        self.fired = False
+        self._timer = threading.Timer(timeout, self._fire, args=(process,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self, process: subprocess.Popen) -> None:
+        self.fired = True
+        _kill_group(process)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the program and everything below it.
+
+    torchrun starts each worker in a session of its own, so the program's
+    process group does not reach them: the tree is read before anything dies.
+    """
+    tree = descendants(process.pid) if process.poll() is None else []
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    signal_all(tree, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+    process.wait()

@@ -1,0 +1,67 @@
+"""Showing and running the book's programs from a chapter: bounded, in a folder of their own."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from ddpguide.launch import programs
+
+
+@pytest.fixture
+def fake_programs(tmp_path, monkeypatch):
+    folder = tmp_path / "programs"
+    folder.mkdir()
+    (folder / "hello.py").write_text(
+        "import os, sys\nprint('args', sys.argv[1:])\nprint('files', sorted(os.listdir('.')))\n")
+    (folder / "hello2.py").write_text(
+        "import os, sys\nprint('args', sys.argv[1:], 'again')\nprint('files', sorted(os.listdir('.')))\n")
+    (folder / "fails.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    (folder / "hangs.py").write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " start_new_session=True)\n"
+        "print('child', child.pid, flush=True)\ntime.sleep(600)\n")
+    monkeypatch.setattr(programs, "PROGRAMS", folder)
+    return folder
+
+
+def test_a_program_runs_alone_in_a_fresh_folder_with_the_readers_command(fake_programs, capsys):
+    done = programs.run("hello.py", "--epochs", "2")
+    assert done.command == "python hello.py --epochs 2"
+    assert done.lines() == ["args ['--epochs', '2']", "files ['hello.py']"]
+    assert capsys.readouterr().out.splitlines()[0] == "$ python hello.py --epochs 2"
+
+
+def test_an_unexpected_exit_status_raises_with_the_output(fake_programs):
+    with pytest.raises(programs.ProgramFailed, match=r"`python fails.py` exited with 3 "
+                                                     r"\(expected 0\):\nabout to fail"):
+        programs.run("fails.py", echo=False)
+    assert programs.run("fails.py", expect=3, echo=False).returncode == 3
+
+
+@pytest.mark.timeout(60)
+def test_a_program_past_its_time_is_killed_with_everything_it_started(fake_programs):
+    started = time.monotonic()
+    with pytest.raises(programs.ProgramTimeout, match="did not finish within 3 s"):
+        programs.run("hangs.py", timeout=3, echo=False)
+    assert time.monotonic() - started < 20
+    orphans = [p for p in psutil.process_iter(["cmdline"])
+               if p.info["cmdline"] and "time.sleep(600)" in " ".join(p.info["cmdline"])
+               and p.pid != os.getpid()]
+    assert orphans == []
+
+
+def test_the_diff_between_two_programs_is_computed(fake_programs):
+    text = programs.diff("hello.py", "hello2.py")
+    assert text.splitlines()[:2] == ["--- hello.py", "+++ hello2.py"]
+    assert "-print('args', sys.argv[1:])" in text
+    assert "+print('args', sys.argv[1:], 'again')" in text
+
+
+def test_an_unknown_program_is_named(fake_programs):
+    with pytest.raises(FileNotFoundError, match="no program 'nope.py'"):
+        programs.show("nope.py")
