@@ -1,0 +1,18 @@
+"""Fixtures shared by the programs' tests: one default run of ddp_spawn.py per session."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from programs_support import PYTHON, check_ok, copy_program, run
+
+
+@pytest.fixture(scope="session")
+def spawn_default_run(tmp_path_factory):
+    """``python ddp_spawn.py --out out.json`` in an empty folder: (folder, result, JSON)."""
+    folder = tmp_path_factory.mktemp("ddp_spawn")
+    copy_program("ddp_spawn.py", folder)
+    result = check_ok(run([PYTHON, "ddp_spawn.py", "--out", "out.json"], folder, timeout=150))
+    return folder, result, json.loads((folder / "out.json").read_text())

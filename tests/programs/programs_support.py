@@ -1,0 +1,121 @@
+"""Run a book program the way a reader does: alone in an empty folder, with the chapter's command.
+
+Every run is bounded in time. Each process it starts (the program, its spawned
+ranks, torchrun agents and the workers they start in sessions of their own)
+carries a launch marker in its environment, and everything with the marker is
+killed when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ddpguide.torchrun_agents import LAUNCH_ID_VARIABLE, LAUNCHER_VARIABLES, processes_of_launch
+
+PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def copy_program(name: str, folder: Path) -> Path:
+    """Copy ``book/programs/<name>`` alone into ``folder`` (which must not hold another program)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(PROGRAMS / name, folder / name))
+
+
+def load_program(path: Path) -> ModuleType:
+    """Import a copied program as a module (its ``__main__`` block does not run)."""
+    spec = importlib.util.spec_from_file_location(f"program_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A shell's environment: no launcher variables, no PYTHONPATH pointing at the package."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCHER_VARIABLES and k != "PYTHONPATH"}
+    env.update({"PYTHONUNBUFFERED": "1", LAUNCH_ID_VARIABLE: launch_id, **(extra or {})})
+    return env
+
+
+def kill_launch(launch_id: str, within_s: float = 15.0) -> None:
+    """SIGKILL every process carrying the launch marker until none is left."""
+    deadline = time.monotonic() + within_s
+    while (pids := processes_of_launch(launch_id)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def start(argv: list[str], cwd: Path, launch_id: str, env: dict[str, str] | None = None,
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Start ``argv`` in ``cwd`` in a session of its own, marked with ``launch_id``."""
+    return subprocess.Popen(argv, cwd=cwd, env=reader_environment(launch_id, env), text=True,
+                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                            start_new_session=True)
+
+
+def run(argv: list[str], cwd: Path, timeout: float,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` to its end, at most ``timeout`` s; fail the test (all killed) past that."""
+    launch_id = uuid.uuid4().hex
+    process = start(argv, cwd, launch_id, env)
+    began = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_launch(launch_id)
+        out, err = process.communicate(timeout=10)
+        pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{out[-3000:]}"
+                    f"\n--- stderr\n{err[-3000:]}")
+    finally:
+        kill_launch(launch_id)
+    result = subprocess.CompletedProcess(argv, process.returncode, out, err)
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def check_ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """Fail with the run's output unless it exited 0."""
+    assert result.returncode == 0, (f"exit {result.returncode}\n--- stdout\n{result.stdout[-3000:]}"
+                                    f"\n--- stderr\n{result.stderr[-3000:]}")
+    return result
+
+
+def files_in(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its content (to prove nothing was written)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def parse_error(path: Path, args: list[str], monkeypatch, capsys,
+                check: str = "parse_args") -> str:
+    """Call the program's argument check in this process with ``args``; return its stderr.
+
+    The check is the first thing a program runs, before it starts a process or
+    writes a file; it must exit with status 2 and print nothing on stdout.
+    """
+    program = load_program(path)
+    monkeypatch.chdir(path.parent)
+    monkeypatch.setattr(sys, "argv", [path.name, *args])
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        getattr(program, check)()
+    captured = capsys.readouterr()
+    assert (stopped.value.code, captured.out) == (2, "")
+    return captured.err

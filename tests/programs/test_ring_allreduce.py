@@ -1,0 +1,31 @@
+"""ring_allreduce.py: the hand-written ring sums like dist.all_reduce."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from programs_support import PYTHON, check_ok, copy_program, parse_error, run
+
+
+@pytest.mark.timeout(150)
+def test_the_ring_matches_all_reduce_on_four_ranks(tmp_path):
+    copy_program("ring_allreduce.py", tmp_path)
+    result = check_ok(run([PYTHON, "ring_allreduce.py"], tmp_path, timeout=120))
+    assert "4 ranks" in result.stdout and "1000003 float32 values each" in result.stdout
+    difference = float(re.search(r"max \|ring - dist.all_reduce\| = (\S+)", result.stdout).group(1))
+    # float32 sums of 4 values added in another order: a few units in the last place
+    assert difference < 1e-5
+    assert re.search(r"median time: ring [\d.]+ ms, dist.all_reduce [\d.]+ ms", result.stdout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "1"], "argument --world-size: a ring needs at least 2 ranks, got 1"),
+    (["--world-size", "3", "--numel", "2"],
+     "argument --numel: expected at least one value per rank (3), got 2"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    path = copy_program("ring_allreduce.py", tmp_path)
+    stderr = parse_error(path, args, monkeypatch, capsys)
+    assert stderr == f"ring_allreduce.py: error: {message}\n"
