@@ -21,7 +21,8 @@ from types import ModuleType
 
 import pytest
 
-from ddpguide.torchrun_agents import LAUNCH_ID_VARIABLE, LAUNCHER_VARIABLES, processes_of_launch
+from ddpguide.core.runtime import LAUNCHER_VARIABLES
+from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE, processes_of_launch
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 PYTHON = sys.executable

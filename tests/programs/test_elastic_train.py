@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpguide.elastic.settings import free_port
+from ddpguide.core.processes import store_port as free_port
 from programs_support import TORCHRUN, copy_program, kill_launch, parse_error, start
 
 EPOCHS, EPOCH_SECONDS = 30, 0.4  # about 11 s for the second agent to join
