@@ -43,7 +43,7 @@ FAILURE_GRACE_S = 20.0
 LAUNCH_ID_VARIABLE = "DDPGUIDE_LAUNCH_ID"
 #: An empty or star-only log line, e.g. ``W1129 14:16:04.750000 10112 torch/distributed/run.py:982] ****``.
 _EMPTY_LOG_LINE = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\])?\s*\**\s*$")
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
 
 class TorchrunTimeout(TimeoutError):
