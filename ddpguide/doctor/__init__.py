@@ -18,6 +18,11 @@ result, pass ``dist.monitored_barrier`` and time an all-reduce sweep. Rank 0
 prints one line per rank, one line per problem (``PROBLEM rank R (host H):
 ...``) and a summary.
 
+Under SLURM, run it as the training runs: torchrun inside the job (one agent
+per node, as ``cluster/slurm_torchrun.sbatch`` does), or srun with ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` exported per task; srun
+tasks without ``RANK`` are told so instead of each starting a local group.
+
 Exit status: 0 when every check passed, 1 when a problem was found (always
 within a bounded time, never a hang), 2 for invalid options.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 
 from ddpguide.doctor.options import options_or_exit
@@ -19,6 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" in os.environ:
         from ddpguide.doctor.worker import run_rank
         return run_rank(options)
+    tasks = os.environ.get("SLURM_NTASKS", "1")
+    if tasks.isdigit() and int(tasks) > 1:
+        # One local group per srun task would test nothing about the job: say how to run it.
+        print(f"PROBLEM rank ? (host {socket.gethostname()}): srun task "
+              f"{os.environ.get('SLURM_PROCID', '?')} of {tasks} has no RANK: run the doctor under "
+              "torchrun in the job (as cluster/slurm_torchrun.sbatch runs training), or export "
+              "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for each task", flush=True)
+        return 1
     from ddpguide.doctor.local import run_local
     return run_local(options)
 

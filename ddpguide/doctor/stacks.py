@@ -10,10 +10,15 @@ raising, so a caller can say so and go on.
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+#: Terminal colour codes (a notebook kernel asks programs for colour, and py-spy obliges).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _environ_of(pid: int) -> dict[str, str]:
@@ -49,11 +54,14 @@ def dump_stack(pid: int, timeout_s: float = 20.0) -> tuple[bool, str]:
     executable = py_spy()
     if executable is None:
         return False, "py-spy is not installed (pip install py-spy)"
+    env = {k: v for k, v in os.environ.items() if k not in ("CLICOLOR_FORCE", "FORCE_COLOR")}
+    env.update(NO_COLOR="1", TERM="dumb")
     try:
         done = subprocess.run([executable, "dump", "--pid", str(pid)], capture_output=True,
-                              text=True, timeout=timeout_s)
+                              text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return False, f"py-spy did not answer within {timeout_s:g} s"
     if done.returncode != 0:
-        return False, (done.stderr or done.stdout).strip() or f"py-spy exited with {done.returncode}"
-    return True, done.stdout
+        why = _ANSI.sub("", done.stderr or done.stdout).strip()
+        return False, why or f"py-spy exited with {done.returncode}"
+    return True, _ANSI.sub("", done.stdout)

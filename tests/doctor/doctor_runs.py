@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Start-up on a loaded 2-core machine: the interpreter, torch, and a few retries.
 STARTUP_ALLOWANCE_S = 90.0
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                      "SLURM_NTASKS", "SLURM_PROCID")
 
 
 @dataclass

@@ -122,3 +122,12 @@ def test_two_local_ranks_on_one_gpu():
             f"(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=2)") in done.lines()
     assert "collectives" not in done.stdout  # nothing runs on a misassigned world
     assert summary_seconds(done.stdout) < TIMEOUT
+
+
+def test_srun_tasks_without_rank_are_told_how_to_run_it():
+    done = doctor([], {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}, timeout_s=60)
+    assert done.returncode == 1
+    assert done.lines() == [
+        f"PROBLEM rank ? (host {HOST}): srun task 2 of 4 has no RANK: run the doctor under torchrun "
+        "in the job (as cluster/slurm_torchrun.sbatch runs training), or export RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT for each task"]

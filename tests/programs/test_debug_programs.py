@@ -43,6 +43,10 @@ def runs(tmp_path_factory):
         agent("skip detail", "skipped_collective.py", env=DETAIL),
         agent("missing", "missing_rank.py"),
         agent("desync", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr/rank_"}),
+        agent("desync fr2", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr2/rank_",
+                                              "TORCH_FR_BUFFER_SIZE": "2"}),
+        agent("desync fr0", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr0/rank_",
+                                              "TORCH_FR_BUFFER_SIZE": "0"}),
         agent("unused", "ddp_unused_parameter.py"),
         agent("unused info", "ddp_unused_parameter.py", env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}),
         agent("unused detail", "ddp_unused_parameter.py", env=DETAIL),
@@ -134,6 +138,14 @@ def test_flight_records_show_where_the_ranks_parted(runs):
     frame = next(f for f in records[0]["entries"][3]["frames"] if f["filename"].endswith("desync.py"))
     assert frame["line"] == line_number("desync.py", "dist.all_reduce(loss)")
     assert {e["state"] for rec in records.values() for e in rec["entries"]} == {"scheduled"}
+
+
+def test_flight_recorder_size_is_torch_fr_buffer_size(runs):
+    def sequence_ids(folder: str, rank: int) -> list[int]:
+        record = pickle.loads((runs["folder"] / folder / f"rank_{rank}").read_bytes())
+        return [e["collective_seq_id"] for e in record["entries"]]
+    assert (sequence_ids("fr2", 0), sequence_ids("fr2", 1)) == ([4, 5], [3, 4])  # the last two
+    assert (sequence_ids("fr0", 0), sequence_ids("fr0", 1)) == ([], [])          # off
 
 
 def test_unused_parameter_error_names_them_and_both_fixes_train(runs):
