@@ -60,12 +60,14 @@ class Agent:
 
     name: str
     torchrun_args: tuple[str, ...]
-    module: str
+    module: str                # a module name, or a script path ending in .py
     module_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     no_python: bool = False   # ``module`` is a program to run, not a Python module
 
     def _entry(self) -> list[str]:
+        if self.module.endswith(".py") and not self.no_python:  # a script, as `torchrun train.py`
+            return [self.module, *self.module_args]
         return ["--no-python" if self.no_python else "-m", self.module, *self.module_args]
 
     def argv(self) -> list[str]:
@@ -187,8 +189,9 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
             argv = agent.argv()
             # --log-dir goes before the entry: torchrun's options end where the module begins.
             argv[3:3] = ["--log-dir", str(agent_dir / "logs")]
-            extra = {**(env or {}), **agent.env, LAUNCH_ID_VARIABLE: launch_id,
-                     "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json")}
+            # The agent's own error file: the caller's if it names one, else one in the workdir.
+            extra = {**(env or {}), "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json"),
+                     **agent.env, LAUNCH_ID_VARIABLE: launch_id}
             with open(agent_dir / "output.txt", "wb") as log_file:  # the child keeps its own copy
                 processes.append(subprocess.Popen(
                     argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -209,7 +212,7 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
         runs = []
         for agent, process in zip(agents, processes):
             agent_dir = workdir / agent.name
-            root = agent_dir / "root_cause.json"
+            root = Path(agent.env.get("TORCHELASTIC_ERROR_FILE", agent_dir / "root_cause.json"))
             runs.append(AgentRun(
                 agent=agent,
                 returncode=None if agent.name in stopped else process.returncode,

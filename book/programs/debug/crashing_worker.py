@@ -1,0 +1,48 @@
+"""A worker that crashes, decorated with @record so its traceback reaches torchrun's summary.
+
+Run:  torchrun --standalone --nproc-per-node 2 --log-dir logs --redirects 3 --tee 1 \
+          --local-ranks-filter 1 crashing_worker.py
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+TIMEOUT = datetime.timedelta(seconds=10)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def load_batch(rank: int, index: int) -> torch.Tensor:
+    if rank == 1 and index == 3:
+        raise ValueError(f"batch {index} of rank {rank} has no labels")  # the crash
+    return torch.ones(4)
+
+
+@record  # writes the exception to the file torchrun names in TORCHELASTIC_ERROR_FILE
+def main() -> None:
+    device = start()
+    rank = dist.get_rank()
+    print(f"[rank {rank}] started (this goes to stdout)", flush=True)
+    print(f"[rank {rank}] a warning (this goes to stderr)", file=sys.stderr, flush=True)
+    for index in range(5):
+        batch = load_batch(rank, index).to(device)
+        dist.all_reduce(batch)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Bug: only rank 0 runs a forward and backward pass of the DDP model (say, a quick extra
+validation step with gradients). Its backward waits for a gradient all-reduce no one joins.
+
+Run:  torchrun --standalone --nproc-per-node 2 ddp_forward_on_one_rank.py
+"""
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def main() -> None:
+    device = start()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(8, 1).to(device))
+    started = time.monotonic()
+    try:
+        if rank == 0:  # the bug
+            loss = model(torch.randn(16, 8, device=device)).pow(2).mean()
+            print(f"[rank {rank}] forward done, starting backward", flush=True)
+            loss.backward()  # DDP's hooks all-reduce the gradients here
+            print(f"[rank {rank}] backward done", flush=True)
+        print(f"[rank {rank}] waiting at the barrier", flush=True)
+        dist.barrier()
+        print(f"[rank {rank}] done", flush=True)
+    except RuntimeError as error:
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        raise SystemExit(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Bug: the ranks have different numbers of batches. The rank with fewer finishes first and waits
+at the barrier, while the other waits in its next gradient all-reduce.
+
+Run:  torchrun --standalone --nproc-per-node 2 ddp_uneven_inputs.py
+Fix:  ... ddp_uneven_inputs.py --join    (Join shadows the all-reduces of the ranks that are done)
+"""
+
+import argparse
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.join import Join
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def train(model: DDP, optimizer: torch.optim.Optimizer, batches: list[torch.Tensor], rank: int) -> None:
+    for x in batches:
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(f"[rank {rank}] trained on all {len(batches)} of my batches", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--join", action="store_true")
+    args = parser.parse_args()
+    device = start()
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(8, 1).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # The bug: rank 0 has 3 batches, rank 1 has 5 (an unevenly split dataset, no DistributedSampler).
+    batches = [torch.randn(16, 8, device=device) for _ in range(3 + 2 * rank)]
+    started = time.monotonic()
+    try:
+        if args.join:
+            with Join([model]):
+                train(model, optimizer, batches, rank)
+        else:
+            train(model, optimizer, batches, rank)
+        dist.barrier()  # e.g. before rank 0 saves a checkpoint
+        print(f"[rank {rank}] done after {time.monotonic() - started:.1f} s", flush=True)
+    except RuntimeError as error:
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        raise SystemExit(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

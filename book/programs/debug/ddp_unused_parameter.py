@@ -1,0 +1,78 @@
+"""Bug: a layer of a DDP model takes no part in the loss, so its gradient never arrives.
+
+Run:  torchrun --standalone --nproc-per-node 2 ddp_unused_parameter.py
+Fix:  ... ddp_unused_parameter.py --find-unused-parameters   (DDP looks for unused ones every step)
+  or  ... ddp_unused_parameter.py --static-graph             (DDP learns the graph in step 1)
+"""
+
+import argparse
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+class TwoHeads(nn.Module):
+    """A classifier with an auxiliary head that this training run does not use."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(8, 16)
+        self.classifier = nn.Linear(16, 4)
+        self.auxiliary = nn.Linear(16, 1)  # parameters 4 and 5 (weight, bias)
+
+    def forward(self, x):
+        return self.classifier(torch.relu(self.body(x)))  # the bug: self.auxiliary is never called
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--find-unused-parameters", action="store_true")
+    parser.add_argument("--static-graph", action="store_true")
+    args = parser.parse_args()
+    device = start()
+    rank = dist.get_rank()
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = DDP(TwoHeads().to(device), find_unused_parameters=args.find_unused_parameters,
+                static_graph=args.static_graph)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(rank)  # each rank its own data
+    try:
+        for step in range(3):
+            x = torch.randn(16, 8, generator=generator).to(device)
+            y = torch.randint(0, 4, (16,), generator=generator).to(device)
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            print(f"[rank {rank}] step {step}: loss {loss.item():.4f}", flush=True)
+        weight = model.module.classifier.weight.detach().clone()
+        replicas = [torch.zeros_like(weight) for _ in range(dist.get_world_size())]
+        dist.all_gather(replicas, weight)
+        same = all(torch.equal(replicas[0], other) for other in replicas)
+        print(f"[rank {rank}] the ranks' classifier weights are identical: {same}", flush=True)
+    except RuntimeError as error:
+        print(f"[rank {rank}] RuntimeError: {error}", flush=True)
+        raise SystemExit(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Bug: every rank waits for another (each receives before it sends). Nothing fails, nothing moves.
+
+Run:  torchrun --standalone --nproc-per-node 2 deadlock.py
+and, while it hangs, from another terminal:  py-spy dump --pid PID  (PIDs printed below)
+"""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = datetime.timedelta(seconds=30)  # long enough to look at the hang; then it fails
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def exchange(rank: int, world: int, device: torch.device) -> torch.Tensor:
+    """Pass a value around the ring: the bug is the order (receive first, then send)."""
+    received = torch.zeros(1, device=device)
+    dist.recv(received, src=(rank - 1) % world)
+    dist.send(torch.tensor([float(rank)], device=device), dst=(rank + 1) % world)
+    return received
+
+
+def main() -> None:
+    device = start()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"[rank {rank}] pid {os.getpid()}: exchanging with my neighbours", flush=True)
+    try:
+        exchange(rank, world, device)
+        print(f"[rank {rank}] done", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Bug: only rank 0 calls a collective (an evaluation step guarded by `if rank == 0`).
+
+Run:  torchrun --standalone --nproc-per-node 2 skipped_collective.py
+Then: TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 skipped_collective.py
+"""
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def main() -> None:
+    device = start()
+    rank = dist.get_rank()
+    started = time.monotonic()
+    try:
+        for step in range(2):
+            gradient = torch.full((4,), float(rank + step), device=device)
+            dist.all_reduce(gradient)  # every rank: fine
+        print(f"[rank {rank}] 2 training steps done", flush=True)
+        if rank == 0:
+            # The bug: the evaluation sums its counts over ranks, but only rank 0 evaluates.
+            correct = torch.tensor([42.0], device=device)
+            dist.all_reduce(correct)
+        dist.barrier()  # e.g. before saving a checkpoint
+        print(f"[rank {rank}] done", flush=True)
+    except RuntimeError as error:
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        raise SystemExit(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

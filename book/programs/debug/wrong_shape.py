@@ -1,0 +1,48 @@
+"""Bug: two ranks all-reduce tensors of different shapes.
+
+Run:  torchrun --standalone --nproc-per-node 2 wrong_shape.py
+Then: TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 wrong_shape.py
+"""
+
+import datetime
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+
+
+def start() -> torch.device:
+    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", timeout=TIMEOUT)
+        return torch.device("cuda", local_rank)
+    dist.init_process_group("gloo", timeout=TIMEOUT)
+    return torch.device("cpu")
+
+
+def main() -> None:
+    device = start()
+    rank = dist.get_rank()
+    # The bug: rank 1 builds its tensor from a different config (3 features instead of 4).
+    features = 4 if rank == 0 else 3
+    gradient = torch.ones(features, device=device)
+    started = time.monotonic()
+    try:
+        dist.all_reduce(gradient)
+        print(f"[rank {rank}] all_reduce returned {gradient.tolist()}", flush=True)
+        dist.barrier()
+        print(f"[rank {rank}] done", flush=True)
+    except RuntimeError as error:
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        raise SystemExit(1)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

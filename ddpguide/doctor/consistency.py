@@ -1,0 +1,151 @@
+"""Rank 0's verdict on the records of every rank that arrived: do the launchers agree?
+
+Pure functions over the per-rank records of :func:`ddpguide.doctor.facts.rank_facts`,
+so every rule can be tested without starting a process.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that will break or slow the job, pinned to a rank and a host."""
+
+    rank: int | str
+    host: str
+    message: str
+
+    def line(self) -> str:
+        """The report's line for it: ``PROBLEM rank R (host H): message``."""
+        return f"PROBLEM rank {self.rank} (host {self.host}): {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return asdict(self)
+
+
+def _ranks(values: Iterable[int]) -> str:
+    return ", ".join(str(v) for v in sorted(values))
+
+
+def missing_ranks(world_size: int, arrived: Sequence[int], timeout_s: float,
+                  master: str) -> list[Problem]:
+    """One problem per rank below WORLD_SIZE that never registered."""
+    absent = sorted(set(range(world_size)) - set(arrived))
+    return [Problem(rank, "unknown", f"did not arrive at {master} within {timeout_s:g} s "
+                    f"(WORLD_SIZE={world_size}; arrived: ranks {_ranks(arrived) or 'none'})")
+            for rank in absent]
+
+
+def launcher_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
+    """Duplicate RANKs, and WORLD_SIZE / MASTER_ADDR / MASTER_PORT that differ from ``reference``."""
+    problems = []
+    by_rank: dict[int, list[dict]] = defaultdict(list)
+    for record in records:
+        by_rank[record["rank"]].append(record)
+    for rank, same in sorted(by_rank.items()):
+        if len(same) > 1:
+            where = ", ".join(f"pid {r['pid']} on {r['host']}" for r in same)
+            problems.append(Problem(rank, same[-1]["host"],
+                                    f"RANK={rank} is used by {len(same)} processes ({where})"))
+    for record in records:
+        for key, name in (("world_size", "WORLD_SIZE"), ("master_addr", "MASTER_ADDR"),
+                          ("master_port", "MASTER_PORT")):
+            if record[key] != reference[key]:
+                problems.append(Problem(record["rank"], record["host"],
+                                        f"{name}={record[key]}, but rank {reference['rank']} "
+                                        f"has {name}={reference[key]}"))
+    return problems
+
+
+def node_problems(records: Sequence[dict[str, Any]], complete: bool = True) -> list[Problem]:
+    """Per node (host and GROUP_RANK): LOCAL_RANK in range and unique, LOCAL_WORLD_SIZE right.
+
+    ``complete``: every rank arrived, so a node with fewer ranks than its
+    LOCAL_WORLD_SIZE is wrong rather than waiting for a missing rank.
+    """
+    problems = []
+    nodes: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for record in records:
+        nodes[(record["host"], record["group_rank"])].append(record)
+        if record["local_rank"] >= record["local_world_size"]:
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"LOCAL_RANK={record['local_rank']} is not smaller than "
+                                    f"LOCAL_WORLD_SIZE={record['local_world_size']}"))
+    for (host, group_rank), members in sorted(nodes.items()):
+        local: dict[int, list[int]] = defaultdict(list)
+        for record in members:
+            local[record["local_rank"]].append(record["rank"])
+        for local_rank, ranks in sorted(local.items()):
+            if len(ranks) > 1:
+                problems.append(Problem(ranks[-1], host, f"LOCAL_RANK={local_rank} is shared by "
+                                        f"ranks {_ranks(ranks)} on node {group_rank}"))
+        # Only what a launcher set is held against it (unset, it defaults to WORLD_SIZE).
+        sizes = {r["local_world_size"] for r in members if "LOCAL_WORLD_SIZE" in r["variables"]}
+        count_wrong = len(sizes) == 1 and (len(members) > min(sizes) or
+                                           (complete and len(members) < min(sizes)))
+        if len(sizes) > 1 or count_wrong:
+            problems.append(Problem(members[0]["rank"], host,
+                                    f"node {group_rank} runs {len(members)} ranks "
+                                    f"({_ranks(r['rank'] for r in members)}) but LOCAL_WORLD_SIZE "
+                                    f"says {' or '.join(str(s) for s in sorted(sizes))}"))
+    return problems
+
+
+def gpu_problems(records: Sequence[dict[str, Any]]) -> list[Problem]:
+    """Two ranks on one host that would use the same GPU."""
+    problems = []
+    users: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for record in records:
+        if record["gpu_id"] is not None:
+            users[(record["host"], record["gpu_id"])].append(record)
+    for (host, gpu_id), sharing in sorted(users.items()):
+        first = sharing[0]
+        for record in sharing[1:]:
+            problems.append(Problem(
+                record["rank"], host,
+                f"LOCAL_RANK={record['local_rank']} would use GPU {gpu_id}, as rank "
+                f"{first['rank']} (LOCAL_RANK={first['local_rank']}) does: two ranks on one GPU "
+                f"({record['gpus_visible']} GPU(s) visible, LOCAL_WORLD_SIZE="
+                f"{record['local_world_size']})"))
+    return problems
+
+
+def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
+    """torch and backend choice must be the same on every rank."""
+    problems = []
+    for record in records:
+        mine, theirs = record["versions"]["torch"], reference["versions"]["torch"]
+        if mine != theirs:
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"torch {mine}, but rank {reference['rank']} runs torch {theirs}"))
+        if record["backend"] != reference["backend"]:
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"backend {record['backend']}, but rank {reference['rank']} "
+                                    f"chose {reference['backend']}"))
+    return problems
+
+
+def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float,
+            master: str, strays: Sequence[str] = ()) -> list[Problem]:
+    """Every problem rank 0 can see before the process group exists.
+
+    ``records`` holds one record per process that registered (rank 0's first),
+    ``strays`` the lines of processes that could not take part (e.g. RANK >= WORLD_SIZE).
+    """
+    reference = records[0]
+    missing = missing_ranks(world_size, [r["rank"] for r in records], timeout_s, master)
+    problems = list(missing)
+    for line in strays:
+        rank, _, rest = line.partition("|")
+        host, _, message = rest.partition("|")
+        problems.append(Problem(rank, host, message))
+    problems += launcher_problems(records, reference)
+    problems += node_problems(records, complete=not missing)
+    problems += gpu_problems(records)
+    problems += version_problems(records, reference)
+    return problems

@@ -1,0 +1,65 @@
+"""Without a launcher: start a local group of ranks, each running the doctor, bounded in time.
+
+The ranks are plain subprocesses given the variables a launcher would set
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, a free
+``MASTER_PORT``, ...), so they take exactly the path they take under torchrun
+or SLURM. Their output goes to this process's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from ddpguide.doctor import LOCAL_LAUNCH_VARIABLE
+from ddpguide.doctor.options import Options
+from ddpguide.doctor.options import watchdog_limit_s
+from ddpguide.torchrun_agents import agent_environment
+from ddpguide.torchrun_agents import free_port
+
+HOST = "127.0.0.1"
+
+
+def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What a launcher gives rank ``rank`` of ``nproc`` on this machine."""
+    return agent_environment({
+        "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": HOST,
+        "MASTER_PORT": str(port), LOCAL_LAUNCH_VARIABLE: "1",
+    })
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+    for process in processes:
+        process.wait()
+
+
+def run_local(options: Options) -> int:
+    """Start ``options.nproc`` ranks on 127.0.0.1 and return the group's exit status."""
+    port = free_port(HOST)
+    print(f"ddpguide doctor: no launcher variables (RANK is unset): starting a local group "
+          f"of {options.nproc} rank(s) on {HOST}:{port}", flush=True)
+    command = [sys.executable, "-m", "ddpguide.doctor", *options.rank_argv()]
+    processes: list[subprocess.Popen] = []
+    # Each rank ends itself by then; this only guards against a rank that cannot.
+    deadline = time.monotonic() + watchdog_limit_s(options) + 30.0
+    try:
+        for rank in range(options.nproc):
+            processes.append(subprocess.Popen(command, env=rank_environment(rank, options.nproc, port),
+                                              stdin=subprocess.DEVNULL))
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stuck = [rank for rank, p in enumerate(processes) if p.poll() is None]
+        if stuck:
+            print(f"PROBLEM ranks {stuck} (host {os.uname().nodename}): still running after "
+                  f"{watchdog_limit_s(options) + 30:g} s and were stopped", flush=True)
+            return 1
+    finally:
+        _stop(processes)
+    codes = [p.returncode for p in processes]
+    return codes[0] if codes[0] else next((code for code in codes if code), 0)

@@ -1,0 +1,163 @@
+"""Reaching the rendezvous endpoint and meeting the other ranks, never longer than a deadline.
+
+Before any process group exists the ranks talk through the rendezvous store
+(a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``, hosted by rank 0 or by
+torchrun's agent). :class:`Board` uses it as a notice board: each rank pins its
+record, rank 0 pins its verdict and the final report. Every wait polls with
+``check`` until a deadline, so a missing rank shows up as a missing key
+instead of a store call that blocks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import time
+from typing import Any, Mapping
+
+import torch.distributed as dist
+
+from ddpguide.doctor.facts import Identity
+
+_POLL_S = 0.05
+
+
+class RendezvousError(RuntimeError):
+    """The endpoint cannot be reached, or the store cannot be started or read."""
+
+
+def wait_for_endpoint(addr: str, port: int, deadline: float, timeout_s: float) -> float:
+    """Connect to ``addr:port`` until it answers or ``deadline`` (time.monotonic) passes.
+
+    ``timeout_s`` is the budget the deadline stands for (the message names it).
+    Returns the milliseconds the successful connect took. Raises
+    :class:`RendezvousError` saying why the last attempt failed.
+    """
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise RendezvousError(f"MASTER_ADDR={addr} does not resolve ({error.strerror})") from None
+    last = "no attempt"
+    while True:
+        remaining = deadline - time.monotonic()
+        started = time.perf_counter()
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(1.0, remaining))):
+                return 1e3 * (time.perf_counter() - started)
+        except OSError as error:
+            last = error.strerror or type(error).__name__
+        if time.monotonic() + _POLL_S > deadline:
+            raise RendezvousError(f"nothing answered at MASTER_ADDR:MASTER_PORT={addr}:{port} "
+                                  f"within {timeout_s:g} s ({last.lower()}); "
+                                  "is rank 0 running, with the same MASTER_PORT?")
+        time.sleep(_POLL_S * 2)
+
+
+def host_store(identity: Identity, timeout_s: float) -> dist.TCPStore:
+    """Rank 0 starts the store server on MASTER_PORT (as ``env://`` does without an agent)."""
+    try:
+        return dist.TCPStore(identity.master_addr, identity.master_port, is_master=True,
+                             wait_for_workers=False, multi_tenant=True,
+                             timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as error:  # DistNetworkError: address in use, no such interface, ...
+        reason = str(error).splitlines()[0]
+        raise RendezvousError(f"cannot start the rendezvous store on MASTER_PORT="
+                              f"{identity.master_port}: {reason}") from None
+
+
+def join_store(identity: Identity, timeout_s: float) -> dist.TCPStore:
+    """A client of the store (call :func:`wait_for_endpoint` first: it fails quietly)."""
+    try:
+        return dist.TCPStore(identity.master_addr, identity.master_port, is_master=False,
+                             wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as error:
+        raise RendezvousError(f"{identity.master_addr}:{identity.master_port} accepts "
+                              f"connections but is not a rendezvous store: "
+                              f"{str(error).splitlines()[0]}") from None
+
+
+def key_prefix(environ: Mapping[str, str]) -> str:
+    """Keys of this run only: torchrun's store outlives restarts and serves other users."""
+    run_id = environ.get("TORCHELASTIC_RUN_ID", "none")
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"ddpguide-doctor/{run_id}/{restart}/"
+
+
+class Board:
+    """The rendezvous store as a notice board with deadlines."""
+
+    def __init__(self, store: dist.Store, prefix: str):
+        self.store = store
+        self.prefix = prefix
+
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _call(self, what: str, function, *args):
+        try:
+            return function(*args)
+        except Exception as error:  # the server (rank 0 or the agent) is gone
+            raise RendezvousError(f"lost the rendezvous store while {what}: "
+                                  f"{str(error).splitlines()[0]}") from None
+
+    def register(self, rank: int, record: dict[str, Any]) -> None:
+        """Pin this rank's record; a second process with the same RANK gets its own slot."""
+        slot = self._call("registering", self.store.add, self._key(f"count/{rank}"), 1)
+        self._call("registering", self.store.set, self._key(f"facts/{rank}/{slot}"), json.dumps(record))
+        self._call("registering", self.store.add, self._key("arrivals"), 1)
+
+    def add_stray(self, rank: str, host: str, message: str) -> None:
+        """A process that cannot take part (e.g. RANK >= WORLD_SIZE) leaves word for rank 0."""
+        line = f"{rank}|{host}|{message}".replace("\n", " ") + "\n"
+        self._call("leaving word", self.store.append, self._key("strays"), line)
+
+    def strays(self) -> list[str]:
+        """The lines :meth:`add_stray` left."""
+        if not self.has("strays"):
+            return []
+        raw = self._call("reading", self.store.get, self._key("strays")).decode()
+        return [line for line in raw.splitlines() if line]
+
+    def has(self, name: str) -> bool:
+        """Whether the key exists now (never blocks)."""
+        return bool(self._call("polling", self.store.check, [self._key(name)]))
+
+    def arrivals(self) -> int:
+        """How many processes registered so far."""
+        return int(self._call("counting", self.store.add, self._key("arrivals"), 0))
+
+    def wait_for_ranks(self, world_size: int, deadline: float) -> list[int]:
+        """Poll until ranks 0..world_size-1 registered or ``deadline``; the ranks that did."""
+        while True:
+            arrived = [r for r in range(world_size) if self.has(f"count/{r}")]
+            if len(arrived) == world_size or time.monotonic() > deadline:
+                return arrived
+            time.sleep(_POLL_S)
+
+    def records(self, ranks: list[int]) -> list[dict[str, Any]]:
+        """Every record pinned by these ranks (two for a duplicated RANK)."""
+        out = []
+        for rank in ranks:
+            slots = int(self._call("reading", self.store.add, self._key(f"count/{rank}"), 0))
+            for slot in range(1, slots + 1):
+                if self.has(f"facts/{rank}/{slot}"):
+                    raw = self._call("reading", self.store.get, self._key(f"facts/{rank}/{slot}"))
+                    out.append(json.loads(raw))
+        return out
+
+    def post(self, name: str, value: Any) -> None:
+        """Pin a JSON value under ``name``."""
+        self._call("posting", self.store.set, self._key(name), json.dumps(value))
+
+    def wait_for(self, name: str, deadline: float) -> Any | None:
+        """The JSON value pinned under ``name``, or None if it is not there by ``deadline``."""
+        while not self.has(name):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(_POLL_S)
+        return json.loads(self._call("reading", self.store.get, self._key(name)))
+
+    def count(self, name: str, increment: int = 1) -> int:
+        """Add to a counter and return its value (0 reads it)."""
+        return int(self._call("counting", self.store.add, self._key(name), increment))

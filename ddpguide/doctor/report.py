@@ -1,0 +1,120 @@
+"""Rank 0's report: one line per rank, the checks, one line per problem, one summary line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ddpguide.doctor.collectives import bus_factor
+from ddpguide.doctor.options import format_size
+
+
+def new_report(world_size: int, master: str, timeout_s: float, launcher: str) -> dict[str, Any]:
+    """An empty report; the worker fills it in as the checks run."""
+    return {"ok": False, "world_size": world_size, "master": master, "timeout_s": timeout_s,
+            "launcher": launcher, "ranks": [], "problems": [], "collectives": {},
+            "bandwidth": [], "seconds": None}
+
+
+def _rank_lines(records: list[dict[str, Any]]) -> list[str]:
+    lines = [f"{'rank':>4}  {'host':<16} {'local':>5}  {'device':<13} {'pid':>7}  "
+             f"{'torch':<14} {'backend':<7} {'connect':>9}"]
+    for r in sorted(records, key=lambda r: (r["rank"], r["pid"])):
+        lines.append(f"{r['rank']:>4}  {r['host'][:16]:<16} "
+                     f"{r['local_rank']:>2}/{r['local_world_size']:<2}  {r['device']:<13} "
+                     f"{r['pid']:>7}  {r['versions']['torch']:<14} {r['backend']:<7} "
+                     f"{r['connect_ms']:>6.1f} ms")
+    return lines
+
+
+def _agreement_line(report: dict[str, Any]) -> str:
+    records = report["ranks"]
+    hosts = sorted({r["host"] for r in records})
+    versions = records[0]["versions"]
+    backend = f"nccl {versions['nccl']}" if versions.get("nccl") else "gloo"
+    return (f"launcher: {records[0]['launcher']}; WORLD_SIZE={report['world_size']}, "
+            f"MASTER_ADDR:MASTER_PORT={report['master']} on every rank; "
+            f"{len(hosts)} host(s): {', '.join(hosts)}; torch {versions['torch']}, "
+            f"CUDA {versions['cuda'] or '-'}, {backend}")
+
+
+def _gpu_line(records: list[dict[str, Any]]) -> str:
+    seen = {r["host"]: (r["gpus_visible"], r["gpus_simulated"]) for r in records}
+    parts = [f"{host}: {count}{' simulated' if fake else ''}" for host, (count, fake) in sorted(seen.items())]
+    return "GPUs visible per host: " + ", ".join(parts)
+
+
+def _collective_lines(collectives: dict[str, list[dict[str, Any]]]) -> list[str]:
+    if not collectives:
+        return []
+    names: list[str] = []
+    for results in collectives.values():
+        names += [r["name"] for r in results if r["name"] not in names]
+    lines = ["collectives (each rank's result against the known one):"]
+    for name in names:
+        outcomes = {rank: next((r for r in results if r["name"] == name), None)
+                    for rank, results in collectives.items()}
+        failed = {rank: r for rank, r in outcomes.items() if r is not None and not r["ok"]}
+        if failed:
+            for rank, r in sorted(failed.items(), key=lambda item: int(item[0])):
+                lines.append(f"  {name:<18} FAILED on rank {rank}: {r['detail']}")
+        elif all(r is not None for r in outcomes.values()):
+            slowest = max(r["ms"] for r in outcomes.values())
+            lines.append(f"  {name:<18} ok    ({slowest:.1f} ms)")
+        else:
+            lines.append(f"  {name:<18} not run")
+    return lines
+
+
+def _bandwidth_lines(rows: list[dict[str, Any]], world: int) -> list[str]:
+    if not rows:
+        return []
+    lines = [f"all_reduce sweep (float32, {world} ranks; algbw = bytes/time, "
+             f"busbw = algbw * 2(n-1)/n = algbw * {bus_factor(world):.2f}):",
+             f"  {'size':>8} {'time':>10} {'algbw':>11} {'busbw':>11}  slowest rank"]
+    for row in rows:
+        lines.append(f"  {format_size(row['bytes']):>8} {1e3 * row['seconds']:>7.3f} ms "
+                     f"{row['algbw_gbps']:>6.3f} GB/s {row['busbw_gbps']:>6.3f} GB/s  "
+                     f"{row['slowest_rank']} (+{100 * row['spread']:.0f}% over the fastest)")
+    return lines
+
+
+def format_report(report: dict[str, Any]) -> list[str]:
+    """The lines rank 0 prints."""
+    lines = [f"ddpguide doctor: {report['world_size']} rank(s) expected, rendezvous at "
+             f"{report['master']}, timeout {report['timeout_s']:g} s"]
+    if report["ranks"]:
+        lines += _rank_lines(report["ranks"])
+        if not report["problems"]:
+            lines += [_agreement_line(report), _gpu_line(report["ranks"])]
+    lines += _collective_lines(report["collectives"])
+    lines += _bandwidth_lines(report["bandwidth"], report["world_size"])
+    lines += [f"PROBLEM rank {p['rank']} (host {p['host']}): {p['message']}" for p in report["problems"]]
+    lines.append(summary_line(report))
+    return lines
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """``summary: OK ...`` or ``summary: N problem(s) ...``."""
+    seconds = f" in {report['seconds']:.1f} s" if report["seconds"] is not None else ""
+    if report["ok"]:
+        hosts = len({r["host"] for r in report["ranks"]})
+        slow = ""
+        if report["bandwidth"]:
+            last = report["bandwidth"][-1]
+            slow = (f"; slowest rank at {format_size(last['bytes'])}: {last['slowest_rank']}, "
+                    f"busbw {last['busbw_gbps']:.3f} GB/s")
+        return f"summary: OK: {report['world_size']} rank(s) on {hosts} host(s) passed every check{seconds}{slow}"
+    count = len(report["problems"])
+    return f"summary: {count} problem(s) found{seconds}; exit status 1"
+
+
+def write_json(path: Path | None, report: dict[str, Any]) -> None:
+    """Write the report atomically (a reader never sees half a file)."""
+    if path is None:
+        return
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    partial.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    os.replace(partial, path)

@@ -1,0 +1,213 @@
+"""One rank's pre-flight, in phases, each bounded in time.
+
+1. Read the launcher's variables; a rank that cannot take part (``RANK >=
+   WORLD_SIZE``) says why, leaves word in the store if it can, and exits.
+2. Reach ``MASTER_ADDR:MASTER_PORT`` (rank 0 first starts the store there,
+   unless torchrun's agent hosts it) and register this rank's record.
+3. Rank 0 waits for ``WORLD_SIZE`` ranks, judges their records and posts the
+   verdict; the others wait for it. A problem here ends the run before any
+   process group exists.
+4. Every rank joins the process group, checks the collectives and times the
+   sweep, and posts its results; rank 0 prints the report and posts the end.
+
+A watchdog thread ends the rank with a PROBLEM line if the whole takes longer
+than it possibly should, so the doctor never hangs whatever torch does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ddpguide.doctor.collectives import bandwidth_sweep, check_collectives, summarize_sweep
+from ddpguide.doctor.consistency import Problem, verdict
+from ddpguide.doctor.facts import (Identity, IdentityError, gpu_inventory, launcher_name, rank_facts,
+                                   read_identity)
+from ddpguide.doctor.options import Options
+from ddpguide.doctor.options import watchdog_limit_s
+from ddpguide.doctor.rendezvous import (Board, RendezvousError, host_store, join_store, key_prefix,
+                                        wait_for_endpoint)
+from ddpguide.doctor.report import format_report, new_report, write_json
+from ddpguide.runtime import Runtime, limit_threads, select_runtime
+
+
+def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:
+    def expire() -> None:
+        print(Problem(rank, host, f"the doctor itself did not finish within {limit_s:g} s "
+                      f"(stuck while {phase[0]})").line(), flush=True)
+        os._exit(1)
+    timer = threading.Timer(limit_s, expire)
+    timer.daemon = True
+    timer.start()
+
+
+def _leave_word(environ: Mapping[str, str], rank: str, host: str, message: str,
+                timeout_s: float) -> None:
+    """Best effort: tell rank 0 about a process that cannot take part."""
+    try:
+        addr, port = environ["MASTER_ADDR"].strip(), int(environ["MASTER_PORT"])
+        identity = Identity(-1, 1, 0, 1, 0, addr, port, False)
+        wait_for_endpoint(addr, port, time.monotonic() + min(timeout_s, 3.0), min(timeout_s, 3.0))
+        Board(join_store(identity, min(timeout_s, 3.0)), key_prefix(environ)).add_stray(rank, host, message)
+    except Exception:  # no store to tell: rank 0 will report the rank as missing
+        pass
+
+
+def _group_checks(identity: Identity, runtime: Runtime, board: Board,
+                  options: Options) -> dict[str, Any]:
+    """Join the process group over the same store, run the checks, leave the group."""
+    device = runtime.device(identity.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        limit_threads(identity.local_world_size)
+    result: dict[str, Any] = {"collectives": [], "sweep": []}
+    try:
+        dist.init_process_group(runtime.backend, store=dist.PrefixStore(board.prefix + "pg/", board.store),
+                                rank=identity.rank, world_size=identity.world_size,
+                                timeout=datetime.timedelta(seconds=options.timeout_s))
+        # monitored_barrier exists on gloo only; with nccl it runs on a gloo side group.
+        monitor = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")
+        result["collectives"] = check_collectives(identity.rank, identity.world_size, device,
+                                                  options.timeout_s, monitor)
+        if all(r["ok"] for r in result["collectives"]) and options.sizes:
+            result["sweep"] = bandwidth_sweep(options.sizes, device)
+    except Exception as error:
+        result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
+                                      "detail": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return result
+
+
+def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
+             timeout_s: float, report: dict[str, Any]) -> list[Problem]:
+    """Rank 0 gathers every rank's results (through the store: the group may be broken)."""
+    hosts = {r["rank"]: r["host"] for r in records}
+    problems = []
+    per_rank = {0: mine}
+    deadline = time.monotonic() + timeout_s + 10.0
+    for rank in sorted(hosts):
+        if rank != 0:
+            per_rank[rank] = board.wait_for(f"result/{rank}", deadline)
+            if per_rank[rank] is None:
+                problems.append(Problem(rank, hosts[rank], "posted no result of the collective "
+                                        f"checks within {timeout_s + 10:g} s of rank 0"))
+                continue
+        report["collectives"][str(rank)] = per_rank[rank]["collectives"]
+        for check in per_rank[rank]["collectives"]:
+            if not check["ok"]:
+                problems.append(Problem(rank, hosts[rank], f"{check['name']} failed: {check['detail']}"))
+    sweeps = {rank: r["sweep"] for rank, r in per_rank.items() if r and r["sweep"]}
+    if len(sweeps) == len(hosts):
+        report["bandwidth"] = summarize_sweep(sweeps, len(hosts))
+    return problems
+
+
+def _finish(board: Board | None, report: dict[str, Any], options: Options, started: float,
+            followers: int) -> int:
+    """Rank 0: print and write the report, post the end, let the followers read it."""
+    report["ok"] = not report["problems"]
+    report["seconds"] = round(time.monotonic() - started, 3)
+    sys.stdout.write("\n".join(format_report(report)) + "\n")
+    sys.stdout.flush()
+    write_json(options.json_path, report)
+    if board is not None:
+        try:
+            board.post("report", {"ok": report["ok"]})
+            # The store lives in this process: stay until the others have read the end.
+            deadline = time.monotonic() + 10.0
+            while board.count("acks", 0) < followers and time.monotonic() < deadline:
+                time.sleep(0.05)
+        except RendezvousError:
+            pass
+    return 0 if report["ok"] else 1
+
+
+def _lead(board: Board, identity: Identity, runtime: Runtime, options: Options,
+          report: dict[str, Any], started: float, phase: list[str]) -> int:
+    phase[0] = "waiting for the other ranks to arrive"
+    arrived = board.wait_for_ranks(identity.world_size, started + options.timeout_s)
+    records = board.records(arrived)
+    master = f"{identity.master_addr}:{identity.master_port}"
+    problems = verdict(records, identity.world_size, options.timeout_s, master, board.strays())
+    report["ranks"] = records
+    report["problems"] = [p.as_dict() for p in problems]
+    board.post("verdict", {"ok": not problems})
+    followers = board.arrivals() - 1
+    if problems:
+        return _finish(board, report, options, started, followers)
+    phase[0] = "checking the collectives"
+    mine = _group_checks(identity, runtime, board, options)
+    phase[0] = "collecting the other ranks' results"
+    problems = _collect(board, records, mine, options.timeout_s, report)
+    report["problems"] = [p.as_dict() for p in problems]
+    return _finish(board, report, options, started, followers)
+
+
+def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options,
+            host: str, phase: list[str]) -> int:
+    phase[0] = "waiting for rank 0's verdict"
+    # Rank 0 may have started up to one timeout later, and then waits one timeout.
+    ruling = board.wait_for("verdict", time.monotonic() + 2 * options.timeout_s + 10.0)
+    if ruling is None:
+        print(Problem(identity.rank, host, "rank 0 posted no verdict within "
+                      f"{2 * options.timeout_s + 10:g} s").line(), flush=True)
+        return 1
+    if ruling["ok"]:
+        phase[0] = "checking the collectives"
+        board.post(f"result/{identity.rank}", _group_checks(identity, runtime, board, options))
+    phase[0] = "waiting for rank 0's report"
+    final = board.wait_for("report", time.monotonic() + 2 * options.timeout_s + 20.0)
+    board.count("acks")
+    return 0 if final is not None and final["ok"] else 1
+
+
+def run_rank(options: Options, environ: Mapping[str, str] | None = None) -> int:
+    """The whole pre-flight of one rank; returns its exit status (0 ok, 1 problem)."""
+    environ = os.environ if environ is None else environ
+    started = time.monotonic()
+    host = socket.gethostname()
+    raw_rank = environ.get("RANK", "?").strip() or "?"
+    phase = ["reading the launcher's variables"]
+    _start_watchdog(watchdog_limit_s(options), raw_rank, host, phase)
+    try:
+        identity = read_identity(environ)
+        gpu_inventory(environ)  # an invalid simulated GPU count is reported here
+        runtime = select_runtime(identity.local_world_size)
+    except (IdentityError, ValueError) as error:
+        print(Problem(raw_rank, host, str(error)).line(), flush=True)
+        _leave_word(environ, raw_rank, host, str(error), options.timeout_s)
+        return 1
+    master = f"{identity.master_addr}:{identity.master_port}"
+    report = new_report(identity.world_size, master, options.timeout_s, launcher_name(environ))
+    board = None
+    try:
+        phase[0] = f"reaching the rendezvous endpoint {master}"
+        store = None
+        if identity.rank == 0 and not identity.agent_store:
+            store = host_store(identity, options.timeout_s)
+        connect_ms = wait_for_endpoint(identity.master_addr, identity.master_port,
+                                       started + options.timeout_s, options.timeout_s)
+        store = store or join_store(identity, options.timeout_s)
+        board = Board(store, key_prefix(environ))
+        board.register(identity.rank, rank_facts(identity, runtime, environ, connect_ms))
+        if identity.rank == 0:
+            return _lead(board, identity, runtime, options, report, started, phase)
+        return _follow(board, identity, runtime, options, host, phase)
+    except RendezvousError as error:
+        problem = Problem(identity.rank, host, str(error))
+        if identity.rank != 0:
+            print(problem.line(), flush=True)
+            return 1
+        report["problems"].append(problem.as_dict())
+        return _finish(None, report, options, started, 0)

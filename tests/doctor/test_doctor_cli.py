@@ -1,0 +1,133 @@
+"""python -m ddpguide.doctor end to end: healthy groups pass, broken ones fail fast and clearly."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import sys
+
+import pytest
+
+from ddpguide.torchrun_agents import free_port
+
+from doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
+
+HOST = socket.gethostname()
+TIMEOUT = 5  # the doctor's --timeout in the failing cases
+
+
+def summary_seconds(stdout: str) -> float:
+    """Rank 0's own measure of its run, from the summary line."""
+    return float(re.search(r"^summary: .* in ([\d.]+) s", stdout, re.M).group(1))
+
+
+def hand_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **extra}
+
+
+def check_healthy(stdout: str, world: int) -> None:
+    lines = stdout.splitlines()
+    table = lines.index(next(line for line in lines if line.startswith("rank  host")))
+    assert [int(line.split()[0]) for line in lines[table + 1: table + 1 + world]] == list(range(world))
+    for name in ("all_reduce sum", "all_reduce max", "broadcast", "all_gather", "reduce_scatter",
+                 "all_to_all", "send/recv ring", "barrier", "monitored_barrier"):
+        assert re.search(rf"^  {re.escape(name)} +ok ", stdout, re.M), name
+    assert "PROBLEM" not in stdout
+    assert re.search(rf"^summary: OK: {world} rank\(s\) on 1 host\(s\) passed every check", stdout, re.M)
+
+
+def test_healthy_local_group_of_two_with_json(tmp_path):
+    report_path = tmp_path / "doctor.json"
+    done = doctor(["--json", str(report_path)])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.match(r"ddpguide doctor: no launcher variables \(RANK is unset\): starting a local "
+                    r"group of 2 rank\(s\) on 127\.0\.0\.1:\d+\n", done.stdout)
+    check_healthy(done.stdout, 2)
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["problems"] == [] and len(report["ranks"]) == 2
+    assert [row["bytes"] for row in report["bandwidth"]] == [4096 * 4 ** i for i in range(7)]
+    for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])
+        assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
+        assert row["slowest_rank"] in (0, 1)
+    assert {r["name"] for r in report["collectives"]["1"]} >= {"reduce_scatter", "all_to_all"}
+
+
+def test_healthy_local_group_of_four():
+    done = doctor(["--nproc", "4", "--sizes", "4K,64K"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_healthy(done.stdout, 4)
+    assert "busbw = algbw * 2(n-1)/n = algbw * 1.50" in done.stdout
+
+
+def test_healthy_under_torchrun():
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "ddpguide.doctor", "--sizes", "4K"]
+    done = finish([start(command)], STARTUP_ALLOWANCE_S + 60)[0]
+    assert done.returncode == 0, done.stdout + done.stderr
+    check_healthy(done.stdout, 2)
+    assert "launcher: torchrun;" in done.stdout
+
+
+def test_wrong_master_port_fails_on_both_sides():
+    port, wrong = free_port(), free_port()
+    rank0, rank1 = by_hand([hand_env(0, 2, port), hand_env(1, 2, wrong)],
+                           ["--timeout", str(TIMEOUT)], STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert rank1.returncode == 1 and rank0.returncode == 1
+    assert rank1.lines() == [
+        f"PROBLEM rank 1 (host {HOST}): nothing answered at MASTER_ADDR:MASTER_PORT=127.0.0.1:{wrong} "
+        f"within {TIMEOUT} s (connection refused); is rank 0 running, with the same MASTER_PORT?"]
+    assert (f"PROBLEM rank 1 (host unknown): did not arrive at 127.0.0.1:{port} within {TIMEOUT} s "
+            f"(WORLD_SIZE=2; arrived: ranks 0)") in rank0.lines()
+    assert TIMEOUT <= summary_seconds(rank0.stdout) < TIMEOUT + 3
+
+
+def test_missing_rank_is_named_and_written_to_json(tmp_path):
+    port = free_port()
+    report_path = tmp_path / "doctor.json"
+    rank0, rank1 = by_hand([hand_env(0, 3, port), hand_env(1, 3, port)],
+                           ["--timeout", str(TIMEOUT), "--json", str(report_path)],
+                           STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert (rank0.returncode, rank1.returncode) == (1, 1)
+    expected = (f"PROBLEM rank 2 (host unknown): did not arrive at 127.0.0.1:{port} within {TIMEOUT} s "
+                f"(WORLD_SIZE=3; arrived: ranks 0, 1)")
+    assert expected in rank0.lines()
+    assert re.fullmatch(r"summary: 1 problem\(s\) found in [\d.]+ s; exit status 1", rank0.lines()[-1])
+    assert TIMEOUT <= summary_seconds(rank0.stdout) < TIMEOUT + 3
+    assert rank1.stdout == ""  # rank 0 reports for everyone
+    report = json.loads(report_path.read_text())
+    assert not report["ok"] and report["problems"][0]["rank"] == 2
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+
+
+def test_rank_not_below_world_size():
+    port = free_port()
+    rank0, stray = by_hand([hand_env(0, 2, port), hand_env(2, 2, port, LOCAL_RANK="0")],
+                           ["--timeout", str(TIMEOUT)], STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    line = f"PROBLEM rank 2 (host {HOST}): RANK=2 is not smaller than WORLD_SIZE=2"
+    assert stray.returncode == 1 and stray.lines() == [line]
+    assert rank0.returncode == 1
+    assert line in rank0.lines()  # the stray left word in the store before it left
+    assert (f"PROBLEM rank 1 (host unknown): did not arrive at 127.0.0.1:{port} within {TIMEOUT} s "
+            f"(WORLD_SIZE=2; arrived: ranks 0)") in rank0.lines()
+
+
+def test_two_local_ranks_on_one_gpu():
+    done = doctor(["--timeout", str(TIMEOUT)], {"DDPGUIDE_DOCTOR_FAKE_GPUS": "1"},
+                  timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert done.returncode == 1
+    assert (f"PROBLEM rank 1 (host {HOST}): LOCAL_RANK=1 would use GPU fake-gpu-0, as rank 0 "
+            f"(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=2)") in done.lines()
+    assert "collectives" not in done.stdout  # nothing runs on a misassigned world
+    assert summary_seconds(done.stdout) < TIMEOUT
+
+
+def test_srun_tasks_without_rank_are_told_how_to_run_it():
+    done = doctor([], {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}, timeout_s=60)
+    assert done.returncode == 1
+    assert done.lines() == [
+        f"PROBLEM rank ? (host {HOST}): srun task 2 of 4 has no RANK: run the doctor under torchrun "
+        "in the job (as cluster/slurm_torchrun.sbatch runs training), or export RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT for each task"]
