@@ -16,8 +16,8 @@ from typing import Any, Mapping
 import torch
 
 from ddpguide.doctor import FAKE_GPUS_VARIABLE, LOCAL_LAUNCH_VARIABLE
-from ddpguide.runtime import Runtime
-from ddpguide.whoami import TORCHRUN_VARIABLES
+from ddpguide.core.runtime import Runtime
+from ddpguide.core.runtime import LAUNCHER_VARIABLES
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "launcher": launcher_name(environ),
-        "variables": {name: environ.get(name) for name in TORCHRUN_VARIABLES if name in environ},
+        "variables": {name: environ.get(name) for name in LAUNCHER_VARIABLES if name in environ},
         "versions": backend_versions(),
         "backend": runtime.backend,
         "device": device,

@@ -16,8 +16,8 @@ import time
 from ddpguide.doctor import LOCAL_LAUNCH_VARIABLE
 from ddpguide.doctor.options import Options
 from ddpguide.doctor.options import watchdog_limit_s
-from ddpguide.torchrun_agents import agent_environment
-from ddpguide.torchrun_agents import free_port
+from ddpguide.launch.torchrun import agent_environment
+from ddpguide.core.processes import ephemeral_port as free_port
 
 HOST = "127.0.0.1"
 

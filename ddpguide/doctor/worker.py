@@ -29,14 +29,26 @@ import torch.distributed as dist
 
 from ddpguide.doctor.collectives import bandwidth_sweep, check_collectives, summarize_sweep
 from ddpguide.doctor.consistency import Problem, verdict
-from ddpguide.doctor.facts import (Identity, IdentityError, gpu_inventory, launcher_name, rank_facts,
-                                   read_identity)
+from ddpguide.doctor.facts import (
+    Identity,
+    IdentityError,
+    gpu_inventory,
+    launcher_name,
+    rank_facts,
+    read_identity,
+)
 from ddpguide.doctor.options import Options
 from ddpguide.doctor.options import watchdog_limit_s
-from ddpguide.doctor.rendezvous import (Board, RendezvousError, host_store, join_store, key_prefix,
-                                        wait_for_endpoint)
+from ddpguide.doctor.rendezvous import (
+    Board,
+    RendezvousError,
+    host_store,
+    join_store,
+    key_prefix,
+    wait_for_endpoint,
+)
 from ddpguide.doctor.report import format_report, new_report, write_json
-from ddpguide.runtime import Runtime, limit_threads, select_runtime
+from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
 
 
 def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:

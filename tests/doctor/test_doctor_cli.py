@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ddpguide.torchrun_agents import free_port
+from ddpguide.core.processes import ephemeral_port as free_port
 
 from doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.doctor.options import DEFAULT_SIZES, Options, UsageError, format_size, parse_options, parse_size
+from ddpguide.doctor.options import (
+    DEFAULT_SIZES,
+    Options,
+    UsageError,
+    format_size,
+    parse_options,
+    parse_size,
+)
 
 from doctor_runs import doctor
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddpguide.doctor.stacks import dump_stack, find_workers
-from ddpguide.torchrun_agents import Agent, run_agents
+from ddpguide.launch.torchrun import Agent, run_agents
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs" / "debug"
 LAUNCHER = ("--standalone", "--nproc-per-node=2")
