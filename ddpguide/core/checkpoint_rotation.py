@@ -243,7 +243,11 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
 
 def one_line(exc: BaseException, limit: int = 200) -> str:
     """An exception's message folded onto one line (state-dict errors span several)."""
-    text = " ".join(part.strip() for part in str(exc).strip().splitlines() if part.strip())
+    text = str(exc)
+    if "WeightsUnpickler error:" in text:  # torch's reason, without the advice around it
+        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+        text = f"weights-only load refused: {reason}"
+    text = " ".join(part.strip() for part in text.strip().splitlines() if part.strip())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
