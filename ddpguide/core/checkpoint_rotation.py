@@ -214,7 +214,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
                 kept = f"{previous} named it too and is removed"
             else:
                 kept = f"{previous} is unchanged" if previous.exists() else "no fallback is kept"
-            warnings.warn(f"checkpoint {path} is unreadable: kept as {aside}, not as the "
+            warnings.warn(f"checkpoint {path} is unreadable ({reason}): kept as {aside}, not as the "
                           f"fallback ({kept})", RuntimeWarning, stacklevel=2)
         elif path.exists() and not _same_file(path, previous):
             # Keep the current file as the fallback without a moment in which

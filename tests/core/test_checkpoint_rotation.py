@@ -43,8 +43,9 @@ def _damage(path, how: str) -> bytes:
     return damaged
 
 
-@pytest.mark.parametrize("how", ["truncate", "garbage"])
-def test_a_corrupt_latest_is_kept_aside_and_the_good_fallback_stays(tmp_path, how):
+@pytest.mark.parametrize("how, reason", [("truncate", "OSError"),
+                                         ("garbage", "UnpicklingError")])
+def test_a_corrupt_latest_is_kept_aside_and_the_good_fallback_stays(tmp_path, how, reason):
     path = tmp_path / "ckpt.pt"
     save_checkpoint(_state(0), path)
     save_checkpoint(_state(1), path)
@@ -60,7 +61,7 @@ def test_a_corrupt_latest_is_kept_aside_and_the_good_fallback_stays(tmp_path, ho
     (aside,) = kept_aside(path)
     assert aside.name.startswith("ckpt.pt.corrupt-") and aside.read_bytes() == damaged
     assert [str(w.message) for w in record] == [
-        f"checkpoint {path} is unreadable: kept as {aside}, not as the fallback "
+        f"checkpoint {path} is unreadable ({reason}): kept as {aside}, not as the fallback "
         f"({previous_path(path)} is unchanged)"]
     assert previous_path(path).read_bytes() == good_fallback
     assert _epoch(path) == 1
@@ -86,7 +87,8 @@ def test_a_readable_file_someone_else_wrote_becomes_the_fallback(tmp_path):
 def test_a_file_that_is_no_checkpoint_is_kept_aside_not_made_the_fallback(tmp_path):
     path = tmp_path / "ckpt.pt"
     path.write_text("my notes\n")
-    with pytest.warns(RuntimeWarning, match=r"ckpt\.pt is unreadable: kept as .*ckpt\.pt\.corrupt-"):
+    with pytest.warns(RuntimeWarning, match=r"ckpt\.pt is unreadable \(UnpicklingError\): "
+                                            r"kept as .*ckpt\.pt\.corrupt-"):
         save_checkpoint(_state(0), path)
     (aside,) = kept_aside(path)
     assert aside.read_text() == "my notes\n"

@@ -194,7 +194,7 @@ def test_a_corrupt_checkpoint_resumes_from_the_fallback_and_never_becomes_it(tmp
     assert torch.load(path, weights_only=True)["epoch"] == 1  # resumed after epoch 0, ran 1
     messages = [str(w.message) for w in record if "ck.pt" in str(w.message)]
     assert any("trying the previous one" in m for m in messages)
-    assert f"checkpoint {path} is unreadable: kept as {aside}, not as the fallback " \
+    assert f"checkpoint {path} is unreadable (UnpicklingError): kept as {aside}, not as the fallback " \
            f"({previous_path(path)} is unchanged)" in messages
 
 
