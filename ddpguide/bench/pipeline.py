@@ -18,7 +18,6 @@ images, batch 120); ``--quick`` uses 64x64 images and batch 64.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -32,10 +31,12 @@ from ddpguide.bench.pipeline_report import (
     seed_table,
     stage_times,
 )
-from ddpguide.bench.report import Report
+from ddpguide.bench.report import Report, check_report_file
+from ddpguide.core.commands import InputError, OneLineParser, check_output_file, integer
 from ddpguide.pipeline.stages import SEED_SPLIT, num_microbatches
 
 DEFAULT_PLOT = "bench-results/pipeline_split_size_tradeoff.png"
+MIN_IMAGE_SIZE = 32  # ResNet50 halves the image five times
 
 
 @dataclass(frozen=True)
@@ -145,17 +146,42 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
     return report
 
 
+def check_plot_file(path: str) -> None:
+    """``--plot``: a writable file whose extension matplotlib can save."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    check_output_file(path, "--plot")
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in FigureCanvasBase.get_supported_filetypes():
+        raise InputError("--plot", f"{path}: unknown image format {suffix!r} "
+                                   "(use .png, .pdf or .svg)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddpguide.bench.pipeline",
-                                     description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="python -m ddpguide.bench.pipeline",
+                           description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--image-size", type=int, default=None,
+    parser.add_argument("--image-size", type=integer(MIN_IMAGE_SIZE), default=None,
                         help="default 64 (quick) or 128 (full, the seed's); 224 for full-size images")
-    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--batch", type=integer(1), default=None,
+                        help="samples per step; needs a micro-batch size of 8 or more dividing it")
     parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels-last")
-    parser.add_argument("--plot", default=DEFAULT_PLOT)
+    parser.add_argument("--plot", default=DEFAULT_PLOT,
+                        help=f"the split-size plot (default {DEFAULT_PLOT}; '' for none)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
+    try:  # everything before the run: it takes minutes
+        try:
+            make_plan(args.quick, args.image_size, args.batch)
+        except ValueError as exc:
+            raise InputError("--batch", str(exc)) from None
+        if args.plot:
+            check_plot_file(args.plot)
+        if args.json is not None:
+            plot = [(args.plot, "the plot (--plot)")] if args.plot else None
+            check_report_file(args.json, "--json", protected=plot)
+    except InputError as exc:
+        parser.error(str(exc))
     report = run(args.quick, args.image_size, args.batch, not args.contiguous, args.plot)
     print(report.table())
     if args.json:

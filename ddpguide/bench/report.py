@@ -12,6 +12,11 @@ from pathlib import Path
 
 import torch
 
+from ddpguide.core.commands import check_output_file, json_with_keys, write_atomically
+
+#: What every report has (``Report.to_dict``): a file with these may be replaced by a new one.
+REPORT_KEYS = ("suite", "measurements", "ratios")
+
 
 def invocation() -> str:
     """The command line this process runs, as a reader would type it."""
@@ -104,7 +109,17 @@ class Report:
         }
 
     def write_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write :meth:`to_dict` to ``path``, whole or not at all (missing folders are made)."""
+        write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def check_report_file(path: str | os.PathLike, option: str,
+                      protected: list[tuple[str, str]] | None = None) -> Path:
+    """Before a suite runs: raise :class:`~ddpguide.core.commands.InputError` unless a report
+    can be written at ``path`` without clobbering a file that is not a report."""
+    return check_output_file(path, option, protected=protected or (),
+                             may_replace=json_with_keys(REPORT_KEYS),
+                             replaceable="a benchmark report")
 
 
 # Both sides of a comparison run with the same allocator settings: glibc's default

@@ -10,6 +10,8 @@ import torch.distributed as dist
 from ddpguide.core.runtime import DistEnv, Runtime, limit_threads, select_runtime
 
 DEFAULT_TIMEOUT_S = 60.0
+#: The longest timeout the package accepts: longer is a typo, not a plan.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def setup(env: DistEnv | None = None, runtime: Runtime | None = None,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
+import math
 import os
 import shutil
 import sys
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddpguide.core.process_group import MAX_TIMEOUT_S
 from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
 from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
 
@@ -133,6 +136,39 @@ def _stop(processes: list) -> None:
             p.join(2.0)
 
 
+def _check_arguments(fn: Any, world_size: Any, timeouts: dict[str, Any],
+                     threads_per_rank: Any, env: Any) -> None:
+    """Raise ValueError naming the first bad argument, before any process or store starts."""
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {fn!r}")
+    name = getattr(fn, "__qualname__", "")
+    if inspect.isfunction(fn) and ("<lambda>" in name or "<locals>" in name):
+        # The children find fn by its module and name; these have no such address.
+        raise ValueError("fn must be defined at the top level of a module, so that the ranks "
+                         f"can import it; got {fn.__module__}.{name}")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    for option, value in timeouts.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{option} must be a finite number of seconds > 0, got {value!r}")
+        if value > MAX_TIMEOUT_S:
+            raise ValueError(f"{option} must be at most {MAX_TIMEOUT_S:g} seconds (a week), "
+                             f"got {value!r}")
+    if threads_per_rank is not None and (not isinstance(threads_per_rank, int) or isinstance(
+            threads_per_rank, bool) or threads_per_rank < 1):
+        raise ValueError(f"threads_per_rank must be a positive integer or None, "
+                         f"got {threads_per_rank!r}")
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise ValueError(f"env must map variable names to strings, got {env!r}")
+        for key, value in env.items():
+            if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+                raise ValueError(f"env has an invalid variable name {key!r}")
+            if not isinstance(value, str):
+                raise ValueError(f"env must map variable names to strings, got {key}={value!r}")
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -155,12 +191,11 @@ def spawn(
 
     Raises :class:`WorkerError` with the failing rank's traceback, or
     :class:`SpawnTimeout` after ``timeout`` seconds; in both cases every child
-    has been stopped before the exception reaches the caller.
+    has been stopped before the exception reaches the caller. A bad argument
+    raises ValueError naming it before anything starts.
     """
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if timeout <= 0 or collective_timeout <= 0:
-        raise ValueError("timeout and collective_timeout must be positive")
+    _check_arguments(fn, world_size, {"timeout": timeout, "collective_timeout": collective_timeout},
+                     threads_per_rank, env)
     runtime = select_runtime(world_size, backend, device_type)
     threads = threads_per_rank or fair_thread_count(world_size)
     store = dist.TCPStore(

@@ -17,6 +17,9 @@ _HEADER = 8  # ndim followed by up to 7 sizes
 
 def send_activation(t: torch.Tensor, dst: int) -> list[dist.Work]:
     """Send the shape, then the data; returns the pending sends (keep ``t`` alive)."""
+    if t.dim() > _HEADER - 1:  # fail here, not in a receiver waiting for a header
+        raise ValueError(f"send_activation sends at most {_HEADER - 1} dimensions, got a "
+                         f"tensor of {t.dim()}")
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = t.dim()
     header[1:1 + t.dim()] = torch.tensor(t.shape)

@@ -24,13 +24,13 @@ import json
 import os
 import sys
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Sequence
 
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddpguide.core import process_group
+from ddpguide.core.commands import OneLineParser, integer, positive_float, write_atomically
 from ddpguide.core.processes import exit_now
 from ddpguide.core.ranklog import rank_print
 from ddpguide.core.runtime import (
@@ -41,54 +41,22 @@ from ddpguide.core.runtime import (
     select_runtime,
 )
 from ddpguide.train.amp import AMP_CHOICES
+from ddpguide.train.cli_inputs import PROG, check_inputs
 from ddpguide.train.loop import TrainConfig, TrainResult, fit
 
-PROG = "python -m ddpguide.train"
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0  # a week: longer is a typo, not a plan
+MAX_SEED = 2 ** 64 - 1  # torch.manual_seed takes no more
 
 
 class DeliberateCrash(RuntimeError):
     """Raised by ``--crash-at-epoch``: a failure on purpose, to show the error file."""
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (exit status 2).
-
-    argparse's default prints the whole usage block before the message; in a
-    job log with many workers the one line that matters gets lost.
-    """
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _integer(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by the tests of the cluster recipes)."""
     defaults = TrainConfig()
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog=PROG,
         description="Train the book's ConvNet with DistributedDataParallel: one process "
                     "under python, one process per worker under torchrun.",
@@ -100,20 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--epochs", type=_integer(0), default=defaults.epochs, metavar="N",
+    add("--epochs", type=integer(0), default=defaults.epochs, metavar="N",
         help=f"passes over the training set (default {defaults.epochs})")
-    add("--batch-size", type=_integer(1), default=defaults.batch_size, metavar="B",
+    add("--batch-size", type=integer(1), default=defaults.batch_size, metavar="B",
         help="samples per step on each rank; the global batch is B x WORLD_SIZE "
              f"(default {defaults.batch_size})")
-    add("--lr", type=_positive_float, default=defaults.lr, metavar="LR",
+    add("--lr", type=positive_float(), default=defaults.lr, metavar="LR",
         help=f"SGD learning rate (default {defaults.lr})")
-    add("--seed", type=_integer(0), default=defaults.seed, metavar="S",
+    add("--seed", type=integer(0, MAX_SEED), default=defaults.seed, metavar="S",
         help="seed of the model initialisation, the same on every rank "
              f"(default {defaults.seed})")
     add("--dataset", choices=("auto", "mnist", "digits"), default=defaults.dataset,
         help="mnist (local files only), digits (bundled with scikit-learn), or auto: "
              "MNIST when its files exist, else digits (default auto)")
-    add("--max-steps-per-epoch", type=_integer(1), default=None, metavar="N",
+    add("--max-steps-per-epoch", type=integer(1), default=None, metavar="N",
         help="stop each epoch after N steps (quick runs; default: the whole epoch)")
     add("--amp", choices=AMP_CHOICES, default=defaults.amp,
         help="mixed precision: off, auto (fp16 on CUDA, bf16 on CPU), bf16 or fp16 (default off)")
@@ -128,17 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--backend", choices=("auto", *BACKENDS), default="auto",
         help="process-group backend: nccl (GPUs) or gloo (CPU); auto follows the device "
              "(default auto)")
-    add("--timeout", type=_positive_float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="S",
+    add("--timeout", type=positive_float(MAX_COLLECTIVE_TIMEOUT_S), default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="S",
         help="seconds a collective may wait for the other ranks before it raises "
              f"(default {DEFAULT_COLLECTIVE_TIMEOUT_S:g})")
     add("--json", metavar="FILE", default=None,
         help="rank 0 writes a summary of the run (per-epoch loss and accuracy, its step "
              "losses, the configuration) to FILE")
-    add("--crash-at-epoch", type=_integer(0), default=None, metavar="E",
+    add("--crash-at-epoch", type=integer(0), default=None, metavar="E",
         help="teaching switch: after E epochs, rank --crash-rank raises DeliberateCrash so "
              "that torchrun's error file can be seen; the other ranks wait in a barrier "
              "until torchrun stops them")
-    add("--crash-rank", type=_integer(0), default=0, metavar="R",
+    add("--crash-rank", type=integer(0), default=0, metavar="R",
         help="the global rank that crashes with --crash-at-epoch (default 0)")
     add("--quiet", action="store_true", help="no per-epoch log lines")
     return parser
@@ -181,14 +149,6 @@ def summary(result: TrainResult, config: TrainConfig, runtime: Runtime,
     }
 
 
-def _write_json(path: str, data: dict) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
-    partial.write_text(json.dumps(data, indent=2))
-    os.replace(partial, target)  # a reader never sees half a file
-
-
 @record
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, train on this rank, return the exit status.
@@ -216,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         runtime = select_runtime(env.local_world_size,
                                  backend=None if args.backend == "auto" else args.backend,
                                  device_type=None if args.device == "auto" else args.device)
-    except ValueError as exc:  # includes DistEnvError
+        # Files last: a checkpoint or summary that would fail the run after an
+        # epoch fails it now, before a process group or a file exists.
+        check_inputs(args, config, is_writer=env.is_main)
+    except ValueError as exc:  # includes DistEnvError and InputError
         parser.error(str(exc))
     if not distributed:
         result = run(config, env, runtime, args.crash_at_epoch, args.crash_rank)
@@ -231,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             process_group.cleanup()
     if args.json and env.is_main:
-        _write_json(args.json, summary(result, config, runtime, argv))
+        write_atomically(args.json, json.dumps(summary(result, config, runtime, argv), indent=2))
     if distributed:
         exit_now(0)
     return 0

@@ -8,7 +8,7 @@ import psutil
 import pytest
 import spawn_workers
 
-from ddpguide.launch.spawn import SpawnTimeout, WorkerError, spawn
+from ddpguide.launch.spawn import SpawnTimeout, WorkerError, _check_arguments, spawn
 
 
 def _running_children() -> set[int]:
@@ -86,11 +86,61 @@ def test_worker_the_children_cannot_import_reports_the_real_error(tmp_path, monk
     assert "No module named 'parent_only'" in info.value.details
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="world_size must be a positive integer, got 0"):
-        spawn(spawn_workers.report, 0)
-    with pytest.raises(ValueError, match="timeout and collective_timeout must be positive"):
-        spawn(spawn_workers.report, 2, timeout=0)
+BAD_ARGUMENTS = [
+    # (args, kwargs, the exact ValueError message)
+    (("not a function", 2), {}, "fn must be callable, got 'not a function'"),
+    ((lambda: 1, 2), {}, "fn must be defined at the top level of a module, so that the ranks "
+                         "can import it; got test_spawn.<lambda>"),
+    ((spawn_workers.report, 0), {}, "world_size must be a positive integer, got 0"),
+    ((spawn_workers.report, True), {}, "world_size must be a positive integer, got True"),
+    ((spawn_workers.report, 2.0), {}, "world_size must be a positive integer, got 2.0"),
+    ((spawn_workers.report, 2), {"timeout": 0},
+     "timeout must be a finite number of seconds > 0, got 0"),
+    ((spawn_workers.report, 2), {"timeout": float("nan")},
+     "timeout must be a finite number of seconds > 0, got nan"),
+    ((spawn_workers.report, 2), {"timeout": "60"},
+     "timeout must be a finite number of seconds > 0, got '60'"),
+    ((spawn_workers.report, 2), {"collective_timeout": float("inf")},
+     "collective_timeout must be a finite number of seconds > 0, got inf"),
+    ((spawn_workers.report, 2), {"collective_timeout": 1e9},
+     "collective_timeout must be at most 604800 seconds (a week), got 1000000000.0"),
+    ((spawn_workers.report, 2), {"threads_per_rank": 0},
+     "threads_per_rank must be a positive integer or None, got 0"),
+    ((spawn_workers.report, 2), {"threads_per_rank": 1.5},
+     "threads_per_rank must be a positive integer or None, got 1.5"),
+    ((spawn_workers.report, 2), {"env": "A=1"},
+     "env must map variable names to strings, got 'A=1'"),
+    ((spawn_workers.report, 2), {"env": {"A": 1}},
+     "env must map variable names to strings, got A=1"),
+    ((spawn_workers.report, 2), {"env": {"A=B": "1"}}, "env has an invalid variable name 'A=B'"),
+    ((spawn_workers.report, 2), {"env": {"": "1"}}, "env has an invalid variable name ''"),
+    ((spawn_workers.report, 2), {"backend": "mpi"}, "unknown backend 'mpi': choose one of gloo, nccl"),
+    ((spawn_workers.report, 2), {"device_type": "tpu"},
+     "unknown device 'tpu': choose one of cpu, cuda"),
+]
+
+
+@pytest.mark.timeout(30)
+def test_bad_arguments_are_clear_value_errors_before_anything_starts(tmp_path, monkeypatch):
+    """Each bad argument: its own message, no process, no store, no temporary folder."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR: spawn's folder lands here
+    started = []
+    monkeypatch.setattr("ddpguide.launch.spawn.dist.TCPStore",
+                        lambda *a, **k: started.append("store") or (_ for _ in ()).throw(
+                            AssertionError("a store started despite a bad argument")))
+    children_before = _running_children()
+    for args, kwargs, message in BAD_ARGUMENTS:
+        with pytest.raises(ValueError) as info:
+            spawn(*args, **kwargs)
+        assert str(info.value) == message, (args, kwargs)
+    assert started == [] and list(tmp_path.iterdir()) == []
+    assert _running_children() <= children_before
+    # and the good ones pass the same checks
+    _check_arguments(spawn_workers.report, 1, {"timeout": 604800, "collective_timeout": 0.5}, 3,
+                     {"A": ""})
 
 
 @pytest.mark.timeout(120)

@@ -101,7 +101,7 @@ def test_record_writes_the_crash_to_the_error_file(tmp_path, monkeypatch):
     summary = summarize_error(error)
     assert summary.exception == ("DeliberateCrash: rank 0 crashed on purpose at the start of "
                                  "epoch 0 (--crash-at-epoch)")
-    assert Path(summary.file).name == "cli.py" and summary.function == "run"
+    assert Path(summary.file).parts[-2:] == ("train", "cli.py") and summary.function == "run"
     assert "Traceback (most recent call last)" in error["message"]["extraInfo"]["py_callstack"]
 
 
