@@ -15,9 +15,8 @@ from typing import Any, Mapping
 
 import torch
 
+from ddpguide.core.runtime import LAUNCHER_VARIABLES, Runtime
 from ddpguide.doctor import FAKE_GPUS_VARIABLE, LOCAL_LAUNCH_VARIABLE
-from ddpguide.core.runtime import Runtime
-from ddpguide.core.runtime import LAUNCHER_VARIABLES
 
 
 @dataclass(frozen=True)

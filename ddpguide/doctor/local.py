@@ -13,11 +13,10 @@ import subprocess
 import sys
 import time
 
-from ddpguide.doctor import LOCAL_LAUNCH_VARIABLE
-from ddpguide.doctor.options import Options
-from ddpguide.doctor.options import watchdog_limit_s
-from ddpguide.launch.torchrun import agent_environment
 from ddpguide.core.processes import ephemeral_port as free_port
+from ddpguide.doctor import LOCAL_LAUNCH_VARIABLE
+from ddpguide.doctor.options import Options, watchdog_limit_s
+from ddpguide.launch.torchrun import agent_environment
 
 HOST = "127.0.0.1"
 

@@ -27,7 +27,12 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from ddpguide.doctor.collectives import bandwidth_sweep, check_collectives, summarize_sweep
+from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
+from ddpguide.doctor.collectives import (
+    bandwidth_sweep,
+    check_collectives,
+    summarize_sweep,
+)
 from ddpguide.doctor.consistency import Problem, verdict
 from ddpguide.doctor.facts import (
     Identity,
@@ -37,8 +42,7 @@ from ddpguide.doctor.facts import (
     rank_facts,
     read_identity,
 )
-from ddpguide.doctor.options import Options
-from ddpguide.doctor.options import watchdog_limit_s
+from ddpguide.doctor.options import Options, watchdog_limit_s
 from ddpguide.doctor.rendezvous import (
     Board,
     RendezvousError,
@@ -48,7 +52,6 @@ from ddpguide.doctor.rendezvous import (
     wait_for_endpoint,
 )
 from ddpguide.doctor.report import format_report, new_report, write_json
-from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
 
 
 def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:

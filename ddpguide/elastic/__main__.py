@@ -7,11 +7,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from ddpguide.core.commands import OneLineParser
 from ddpguide.elastic.demo import DemoSettings
 from ddpguide.elastic.settings import (
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
-    OneLineParser,
     UsageError,
 )
 from ddpguide.elastic.worker_args import WorkerArgs

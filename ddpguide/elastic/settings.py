@@ -10,7 +10,6 @@ import ipaddress
 import math
 import socket
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 # torchrun's own defaults, for comparison (torch/distributed/elastic/rendezvous).
 TORCHRUN_RDZV_CONF = {
@@ -41,13 +40,6 @@ STORE_SHARING_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 class UsageError(ValueError):
     """Bad command-line input: reported as one line, exit code 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line (and exit code 2, as argparse does)."""
-
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:

@@ -17,7 +17,8 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from ddpguide.elastic.settings import OneLineParser, UsageError
+from ddpguide.core.commands import OneLineParser
+from ddpguide.elastic.settings import UsageError
 
 # toy_data holds (samples + 128) x 10 float32 features in every worker.
 MAX_SAMPLES = 1_000_000

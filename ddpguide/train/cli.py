@@ -30,7 +30,12 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddpguide.core import process_group
-from ddpguide.core.commands import OneLineParser, integer, positive_float, write_atomically
+from ddpguide.core.commands import (
+    OneLineParser,
+    integer,
+    positive_float,
+    write_atomically,
+)
 from ddpguide.core.processes import exit_now
 from ddpguide.core.ranklog import rank_print
 from ddpguide.core.runtime import (

@@ -27,8 +27,8 @@ def test_bad_worker_input_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as info:
         parse_args(["--checkpoint", "c.pt", "--batch-size", "0"])
     assert info.value.code == 2
-    assert capsys.readouterr().err == ("error: --batch-size 0: must be at least 1 "
-                                       "(see python -m ddpguide.elastic.worker --help)\n")
+    assert capsys.readouterr().err == ("python -m ddpguide.elastic.worker: error: --batch-size 0: "
+                                       "must be at least 1 (see --help)\n")
 
 
 @pytest.mark.timeout(60)
@@ -38,8 +38,8 @@ def test_bad_worker_input_from_a_shell(tmp_path):
                              str(tmp_path / "c.pt"), "--timeout", "-1"], cwd=ROOT,
                             capture_output=True, text=True, timeout=50, check=False)
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr == ("error: --timeout -1: must be a number of seconds above 0, at most "
-                             "86400 (see python -m ddpguide.elastic.worker --help)\n")
+    assert result.stderr == ("python -m ddpguide.elastic.worker: error: --timeout -1: must be a "
+                             "number of seconds above 0, at most 86400 (see --help)\n")
     assert list(tmp_path.iterdir()) == []
 
 
