@@ -1,0 +1,289 @@
+"""The doctor's parts, in this process: facts, rendezvous, collectives, report, local, worker.
+
+The command as a whole runs in subprocesses (test_doctor_cli.py); here each
+module is called directly, on synthetic inputs whose answer is known.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpguide.core.processes import ephemeral_port
+from ddpguide.core.runtime import Runtime
+from ddpguide.doctor import collectives, facts, local, rendezvous, report, worker
+from ddpguide.doctor.options import Options, watchdog_limit_s
+
+HOST = socket.gethostname()
+
+
+def environ(**changes: str) -> dict[str, str]:
+    """A consistent launcher environment for rank 1 of 2, with ``changes``."""
+    base = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    base.update(changes)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+# ---------------------------------------------------------------- facts
+
+def test_read_identity_defaults_as_for_one_node():
+    identity = facts.read_identity(environ())
+    assert identity == facts.Identity(rank=1, world_size=2, local_rank=1, local_world_size=2,
+                                      group_rank=0, master_addr="10.0.0.1", master_port=29500,
+                                      agent_store=False)
+    two_nodes = facts.read_identity(environ(RANK="5", WORLD_SIZE="8", LOCAL_WORLD_SIZE="4",
+                                            TORCHELASTIC_USE_AGENT_STORE="True"))
+    assert (two_nodes.local_rank, two_nodes.group_rank, two_nodes.agent_store) == (1, 1, True)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"RANK": "2"}, "RANK=2 is not smaller than WORLD_SIZE=2"),
+    ({"RANK": "7", "WORLD_SIZE": "4"}, "RANK=7 is not smaller than WORLD_SIZE=4"),
+    ({"WORLD_SIZE": None}, "WORLD_SIZE is not set"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+    ({"RANK": "one"}, "RANK='one' is not an integer"),
+    ({"RANK": "-1"}, "RANK=-1 is negative"),
+    ({"MASTER_ADDR": " "}, "MASTER_ADDR is not set"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port (1-65535)"),
+])
+def test_read_identity_names_the_variable_that_is_wrong(changes, message):
+    with pytest.raises(facts.IdentityError) as caught:
+        facts.read_identity(environ(**changes))
+    assert str(caught.value) == message
+
+
+def test_launcher_name_reads_the_environment_in_order():
+    assert facts.launcher_name({}) == "by hand (environment variables)"
+    assert facts.launcher_name({"SLURM_PROCID": "0"}) == "SLURM (srun)"
+    assert facts.launcher_name({"SLURM_PROCID": "0", "TORCHELASTIC_RUN_ID": "x"}) == "torchrun"
+    assert facts.launcher_name({"TORCHELASTIC_RUN_ID": "x", "DDPGUIDE_DOCTOR_LOCAL": "1"}) == \
+        "ddpguide.doctor (local group)"
+
+
+def test_gpu_inventory_simulated_and_real():
+    assert facts.gpu_inventory({"DDPGUIDE_DOCTOR_FAKE_GPUS": "3"}) == (
+        ["fake-gpu-0", "fake-gpu-1", "fake-gpu-2"], True)
+    with pytest.raises(facts.IdentityError) as caught:
+        facts.gpu_inventory({"DDPGUIDE_DOCTOR_FAKE_GPUS": "two"})
+    assert str(caught.value) == "DDPGUIDE_DOCTOR_FAKE_GPUS='two' is not a whole number"
+    ids, simulated = facts.gpu_inventory({})
+    assert not simulated
+    assert len(ids) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_rank_facts_uses_local_rank_modulo_the_simulated_gpus():
+    env = environ(RANK="3", WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", DDPGUIDE_DOCTOR_FAKE_GPUS="2")
+    record = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.23456)
+    assert (record["rank"], record["local_rank"], record["device"], record["gpu_id"]) == \
+        (3, 3, "cuda:1 (fake)", "fake-gpu-1")
+    assert (record["gpus_visible"], record["gpus_simulated"], record["connect_ms"]) == (2, True, 1.235)
+    # launcher variables only: the fake-GPU variable is not one of them
+    assert record["variables"] == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+                                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert record["versions"]["torch"] == torch.__version__
+
+
+# ---------------------------------------------------------------- local
+
+def test_rank_environment_is_what_a_launcher_gives(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "left-over")  # an outer launcher's: not inherited
+    env = local.rank_environment(1, 3, 29555)
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                "DDPGUIDE_DOCTOR_LOCAL", "PYTHONUNBUFFERED")} == {
+        "RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3",
+        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555",
+        "DDPGUIDE_DOCTOR_LOCAL": "1", "PYTHONUNBUFFERED": "1"}
+    assert "TORCHELASTIC_RUN_ID" not in env
+    # the ranks read it back as intended
+    assert facts.read_identity(env) == facts.Identity(1, 3, 1, 3, 0, "127.0.0.1", 29555, False)
+    assert facts.launcher_name(env) == "ddpguide.doctor (local group)"
+
+
+# ---------------------------------------------------------------- rendezvous
+
+def test_key_prefix_separates_runs_and_restarts():
+    assert rendezvous.key_prefix({}) == "ddpguide-doctor/none/0/"
+    assert rendezvous.key_prefix({"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "2"}) == \
+        "ddpguide-doctor/job7/2/"
+
+
+def test_wait_for_endpoint_gives_up_at_its_deadline_with_its_message():
+    port = ephemeral_port()  # closed again: nothing listens there
+    started = time.monotonic()
+    with pytest.raises(rendezvous.RendezvousError) as caught:
+        rendezvous.wait_for_endpoint("127.0.0.1", port, started + 0.5, 0.5)
+    elapsed = time.monotonic() - started
+    assert 0.3 < elapsed < 3.0
+    assert str(caught.value) == (f"nothing answered at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} "
+                                 "within 0.5 s (connection refused); "
+                                 "is rank 0 running, with the same MASTER_PORT?")
+
+
+def test_wait_for_endpoint_returns_the_connect_time_of_a_listener():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        ms = rendezvous.wait_for_endpoint("127.0.0.1", server.getsockname()[1],
+                                          time.monotonic() + 5.0, 5.0)
+    assert 0.0 <= ms < 5000.0
+
+
+def test_board_records_duplicates_strays_and_missing_keys():
+    board = rendezvous.Board(dist.HashStore(), rendezvous.key_prefix({}))
+    board.register(0, {"rank": 0, "pid": 10})
+    board.register(1, {"rank": 1, "pid": 11})
+    board.register(1, {"rank": 1, "pid": 12})  # a second process with RANK=1
+    assert board.arrivals() == 3
+    assert board.records([0, 1]) == [{"rank": 0, "pid": 10}, {"rank": 1, "pid": 11},
+                                     {"rank": 1, "pid": 12}]
+    assert board.wait_for_ranks(3, time.monotonic() + 0.2) == [0, 1]
+    assert board.strays() == []
+    board.add_stray("5", "b", "RANK=5 is not\nsmaller")
+    assert board.strays() == ["5|b|RANK=5 is not smaller"]
+    started = time.monotonic()
+    assert board.wait_for("verdict", started + 0.2) is None
+    assert time.monotonic() - started < 2.0
+    board.post("verdict", {"ok": True})
+    assert board.wait_for("verdict", time.monotonic()) == {"ok": True}
+
+
+# ---------------------------------------------------------------- collectives
+
+def test_bus_factor_is_two_n_minus_one_over_n():
+    assert [collectives.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+
+
+def test_summarize_sweep_takes_the_slowest_rank_per_size():
+    def rows(*seconds):
+        return [{"bytes": size, "iterations": 3, "seconds": s} for size, s in zip((4096, 2 ** 20), seconds)]
+    per_rank = {0: rows(0.002, 0.010), 1: rows(0.004, 0.008), 2: rows(0.001, 0.008), 3: rows(0.002, 0.009)}
+    summary = collectives.summarize_sweep(per_rank, 4)
+    assert [(r["bytes"], r["slowest_rank"]) for r in summary] == [(4096, 1), (2 ** 20, 0)]
+    small, large = summary
+    assert small["seconds"] == 0.004 and large["seconds"] == 0.010
+    assert small["algbw_gbps"] == pytest.approx(4096 / 0.004 / 1e9)
+    assert small["busbw_gbps"] == pytest.approx(1.5 * 4096 / 0.004 / 1e9)
+    assert large["algbw_gbps"] == pytest.approx(0.1048576)
+    assert large["busbw_gbps"] == pytest.approx(0.1572864)
+    assert small["spread"] == pytest.approx(3.0) and large["spread"] == pytest.approx(0.25)
+    assert collectives.summarize_sweep({}, 4) == []
+
+
+def test_iterations_are_bounded():
+    assert [collectives.iterations_for(s) for s in (4, 2 ** 20, 2 ** 24, 2 ** 30)] == [50, 32, 3, 3]
+
+
+def test_checks_pass_in_a_group_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        results = collectives.check_collectives(0, 1, torch.device("cpu"), 30.0)
+        sweep = collectives.bandwidth_sweep((4096, 16384), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert [r["name"] for r in results] == [*collectives.CHECKS, "monitored_barrier"]
+    assert [(r["name"], r["detail"]) for r in results if not r["ok"]] == []
+    assert [(r["bytes"], r["iterations"]) for r in sweep] == [(4096, 50), (16384, 50)]
+    assert all(r["seconds"] > 0 for r in sweep)
+
+
+# ---------------------------------------------------------------- report
+
+def rank_record(rank: int, pid: int, connect_ms: float) -> dict:
+    return {"rank": rank, "world_size": 2, "local_rank": rank, "local_world_size": 2,
+            "host": "node-a", "pid": pid, "launcher": "torchrun", "device": "cpu",
+            "versions": {"torch": "2.14.1", "cuda": None, "nccl": None}, "backend": "gloo",
+            "gpus_visible": 0, "gpus_simulated": False, "connect_ms": connect_ms}
+
+
+def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
+    rep = report.new_report(2, "127.0.0.1:29500", 30.0, "torchrun")
+    assert (rep["ok"], rep["problems"], rep["seconds"]) == (False, [], None)
+    rep["ranks"] = [rank_record(1, 201, 12.34), rank_record(0, 200, 0.26)]
+    rep["collectives"] = {"0": [{"name": "barrier", "ok": True, "detail": "", "ms": 0.5}],
+                          "1": [{"name": "barrier", "ok": True, "detail": "", "ms": 1.25}]}
+    rep["bandwidth"] = [{"bytes": 2 ** 20, "seconds": 0.002, "algbw_gbps": 0.524288,
+                         "busbw_gbps": 0.524288, "slowest_rank": 1, "spread": 0.5}]
+    rep["ok"], rep["seconds"] = True, 3.21
+    assert report.format_report(rep) == [
+        "ddpguide doctor: 2 rank(s) expected, rendezvous at 127.0.0.1:29500, timeout 30 s",
+        "rank  host             local  device            pid  torch          backend   connect",
+        "   0  node-a            0/2   cpu               200  2.14.1         gloo       0.3 ms",
+        "   1  node-a            1/2   cpu               201  2.14.1         gloo      12.3 ms",
+        "launcher: torchrun; WORLD_SIZE=2, MASTER_ADDR:MASTER_PORT=127.0.0.1:29500 on every rank; "
+        "1 host(s): node-a; torch 2.14.1, CUDA -, gloo",
+        "GPUs visible per host: node-a: 0",
+        "collectives (each rank's result against the known one):",
+        "  barrier            ok    (1.2 ms)",
+        "all_reduce sweep (float32, 2 ranks; algbw = bytes/time, busbw = algbw * 2(n-1)/n = algbw * 1.00):",
+        "      size       time       algbw       busbw  slowest rank",
+        "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s  1 (+50% over the fastest)",
+        "summary: OK: 2 rank(s) on 1 host(s) passed every check in 3.2 s; "
+        "slowest rank at 1 MiB: 1, busbw 0.524 GB/s",
+    ]
+
+
+def test_a_failing_report_names_each_problem_and_counts_them():
+    rep = report.new_report(3, "h:1", 5.0, "torchrun")
+    rep["ranks"] = [rank_record(0, 200, 1.0)]
+    rep["problems"] = [{"rank": 1, "host": "unknown", "message": "did not arrive"},
+                       {"rank": 2, "host": "unknown", "message": "did not arrive"}]
+    rep["collectives"] = {"0": [{"name": "all_reduce sum", "ok": False, "ms": 3.0,
+                                 "detail": "got [1.0], expected [3.0]"}]}
+    lines = report.format_report(rep)
+    assert not any(line.startswith("launcher:") for line in lines)  # no agreement to claim
+    assert lines[-4:] == ["  all_reduce sum     FAILED on rank 0: got [1.0], expected [3.0]",
+                          "PROBLEM rank 1 (host unknown): did not arrive",
+                          "PROBLEM rank 2 (host unknown): did not arrive",
+                          "summary: 2 problem(s) found; exit status 1"]
+    rep["seconds"] = 10.04
+    assert report.summary_line(rep) == "summary: 2 problem(s) found in 10.0 s; exit status 1"
+
+
+# ---------------------------------------------------------------- worker
+
+def _cancel_watchdogs(before: set[threading.Thread]) -> list[float]:
+    """Stop the watchdog timers run_rank started (they would end this process later)."""
+    started = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t not in before]
+    for timer in started:
+        timer.cancel()
+    return [timer.interval for timer in started]
+
+
+def test_run_rank_with_rank_outside_the_world_stops_at_once(capsys):
+    options = Options(timeout_s=5.0, sizes=())
+    before = set(threading.enumerate())
+    started = time.monotonic()
+    try:
+        code = worker.run_rank(options, {"RANK": "3", "WORLD_SIZE": "2"})
+    finally:
+        intervals = _cancel_watchdogs(before)
+    assert code == 1
+    assert time.monotonic() - started < 5.0
+    assert intervals == [watchdog_limit_s(options)]
+    assert capsys.readouterr().out.splitlines() == [
+        f"PROBLEM rank 3 (host {HOST}): RANK=3 is not smaller than WORLD_SIZE=2"]
+
+
+def test_run_rank_leaves_word_for_rank_0_in_the_store(capsys):
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, multi_tenant=True,
+                          timeout=datetime.timedelta(seconds=10))
+    env = {"RANK": "5", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+           "TORCHELASTIC_RUN_ID": "parts"}
+    before = set(threading.enumerate())
+    try:
+        code = worker.run_rank(Options(timeout_s=5.0, sizes=()), env)
+    finally:
+        _cancel_watchdogs(before)
+    assert code == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"PROBLEM rank 5 (host {HOST}): RANK=5 is not smaller than WORLD_SIZE=2"]
+    board = rendezvous.Board(store, rendezvous.key_prefix(env))
+    assert board.strays() == [f"5|{HOST}|RANK=5 is not smaller than WORLD_SIZE=2"]
