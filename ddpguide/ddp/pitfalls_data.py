@@ -1,5 +1,5 @@
 """The data-side pitfalls of a DDP script as checks: ``set_epoch``, per-rank loader
-seeds, a padding sampler and what evaluation counts.
+seeds, a padding sampler, what evaluation counts, and why ranks need no common seed.
 
 Each check builds the bug and its fix and returns a :class:`~ddpguide.ddp.pitfalls.Finding`.
 """
@@ -63,9 +63,9 @@ def worker_draws(rank: int, world_size: int, per_rank_generator: bool, num_worke
                  dataset_size: int = 8, seed: int = 0) -> list[float]:
     """The random numbers the loader workers of ``rank`` draw in the first epoch.
 
-    Every rank seeds torch identically (as it must, for identical model
-    initialisation); without a generator of its own, each loader takes its
-    workers' base seed from that shared state.
+    Every rank seeds torch identically here (scripts often do, though DDP
+    does not need it: see :func:`check_ddp_broadcast`); without a generator
+    of its own, each loader takes its workers' base seed from that shared state.
     """
     torch.manual_seed(seed)
     dataset = RandomAugmentation(dataset_size)
@@ -151,3 +151,31 @@ def check_evaluation_count(world_sizes: tuple[int, ...] = (1, 2, 3),
         + ", ".join(f"{n} on {w} ranks" for w, n in over.items()),
         "evaluate over unpadded shards (ddpguide.core.data.eval_loader) and all-reduce the counts",
         {"counts": counts})
+
+
+# --- seeds and the initial weights ------------------------------------------------------
+
+def broadcast_worker(seed_offset: int) -> dict:
+    """Spawned: seed torch with ``rank * seed_offset``, build the ToyModel, wrap it in DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank = DistEnv.from_environ().rank
+    torch.manual_seed(rank * seed_offset)
+    model = ToyModel()
+    before = [p.detach().clone() for p in model.parameters()]
+    wrapped = DistributedDataParallel(model)
+    return {"before": before, "after": [p.detach().clone() for p in wrapped.module.parameters()]}
+
+
+def check_ddp_broadcast(world_size: int = 2) -> Finding:
+    """Ranks seeded differently start from different weights; DDP's constructor makes them rank 0's."""
+    ranks = spawn(broadcast_worker, world_size, 1000, backend="gloo", device_type="cpu", timeout=120)
+    differed = any(not torch.equal(a, b) for r in ranks[1:]
+                   for a, b in zip(r["before"], ranks[0]["before"]))
+    equal = all(torch.equal(a, b) for r in ranks for a, b in zip(r["after"], ranks[0]["before"]))
+    return Finding(
+        "ranks seeded differently", differed and equal,
+        f"{world_size} ranks built different weights; after DistributedDataParallel(model) "
+        "every rank held rank 0's",
+        "nothing to fix: DDP broadcasts rank 0's parameters and buffers when it wraps the model",
+        {"differed_before": differed, "equal_after": equal})

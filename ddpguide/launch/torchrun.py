@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ddpguide.core.processes import processes_with_env, signal_all
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
@@ -64,6 +64,9 @@ class Agent:
     module_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     no_python: bool = False   # ``module`` is a program to run, not a Python module
+    cwd: str | None = None    # the folder the agent starts in (a reader's program folder)
+    #: Start this agent only once the condition holds (a node joining a running job).
+    start_when: Callable[[], bool] | None = field(default=None, compare=False)
 
     def _entry(self) -> list[str]:
         if self.module.endswith(".py") and not self.no_python:  # a script, as `torchrun train.py`
@@ -167,7 +170,11 @@ def _read_error_files(log_dir: Path) -> dict[int, dict]:
 def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
                env: Mapping[str, str] | None = None, raise_on_timeout: bool = True,
                failure_grace_s: float = FAILURE_GRACE_S) -> list[AgentRun]:
-    """Start every agent at once and wait for all of them, at most ``timeout`` seconds.
+    """Start the agents and wait for all of them, at most ``timeout`` seconds.
+
+    Agents without ``start_when`` start at once; the others as soon as their
+    condition holds (checked every 50 ms), e.g. when the first agent's workers
+    have logged an epoch.
 
     When one agent fails, the others get ``failure_grace_s`` seconds to notice
     and stop on their own. Raises :class:`TorchrunTimeout` (after stopping all
@@ -183,7 +190,7 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
     processes: list[subprocess.Popen] = []
     started = time.monotonic()
     try:
-        for agent in agents:
+        def launch(agent: Agent) -> subprocess.Popen:
             agent_dir = workdir / agent.name
             agent_dir.mkdir()
             argv = agent.argv()
@@ -193,30 +200,41 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
             extra = {**(env or {}), "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json"),
                      **agent.env, LAUNCH_ID_VARIABLE: launch_id}
             with open(agent_dir / "output.txt", "wb") as log_file:  # the child keeps its own copy
-                processes.append(subprocess.Popen(
+                process = subprocess.Popen(
                     argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=agent_environment(extra), start_new_session=True,
-                ))
+                    env=agent_environment(extra), start_new_session=True, cwd=agent.cwd)
+            processes.append(process)
+            return process
+
+        by_agent: dict[str, subprocess.Popen] = {
+            agent.name: launch(agent) for agent in agents if agent.start_when is None}
         deadline = started + timeout
         first_failure: float | None = None
-        while any(p.poll() is None for p in processes):
+        while True:
+            for agent in agents:  # late agents start once their condition holds
+                if agent.name not in by_agent and agent.start_when():
+                    by_agent[agent.name] = launch(agent)
+            if not any(p.poll() is None for p in processes):
+                break  # all started agents ended (a late one that never started stays None)
             now = time.monotonic()
             if first_failure is None and any(p.poll() not in (None, 0) for p in processes):
                 first_failure = now
             if now > deadline or (first_failure is not None and now > first_failure + failure_grace_s):
                 break
             time.sleep(0.05)
-        stopped = {agent.name for agent, p in zip(agents, processes) if p.poll() is None}
+        stopped = {agent.name for agent in agents
+                   if agent.name not in by_agent or by_agent[agent.name].poll() is None}
         _stop(processes, launch_id)
         elapsed = time.monotonic() - started
         runs = []
-        for agent, process in zip(agents, processes):
+        for agent in agents:
             agent_dir = workdir / agent.name
             root = Path(agent.env.get("TORCHELASTIC_ERROR_FILE", agent_dir / "root_cause.json"))
+            output = agent_dir / "output.txt"
             runs.append(AgentRun(
                 agent=agent,
-                returncode=None if agent.name in stopped else process.returncode,
-                output=(agent_dir / "output.txt").read_text(errors="replace"),
+                returncode=None if agent.name in stopped else by_agent[agent.name].returncode,
+                output=output.read_text(errors="replace") if output.exists() else "",
                 seconds=elapsed,
                 launch_id=launch_id,
                 error_files=_read_error_files(agent_dir / "logs"),

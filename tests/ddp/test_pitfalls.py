@@ -97,3 +97,9 @@ def test_evaluate_counts_each_sample_once_on_one_two_and_three_ranks():
         assert counts[world_size]["correct"] == correct
     # DistributedSampler pads 11 samples to 12 on 2 and on 3 ranks.
     assert [counts[w]["padded_total"] for w in (1, 2, 3)] == [11, 12, 12]
+
+
+def test_ranks_seeded_differently_get_rank_zeros_weights_from_ddp():
+    finding = pitfalls_data.check_ddp_broadcast(world_size=2)
+    assert finding.details == {"differed_before": True, "equal_after": True}
+    assert finding.shown and "\n" not in str(finding)

@@ -1,0 +1,98 @@
+"""The chapter's program, ``book/programs/elastic_train.py``, under two real torchrun agents.
+
+:func:`run_join` starts agent A alone on the loopback interface and agent B as
+soon as A's workers have logged an epoch, both with the reader's command;
+:func:`check_join` proves from what the program wrote (its ``--epoch-log``
+JSON lines and its checkpoint) that every epoch ran exactly once while the
+world size went from A's workers alone to A's and B's together.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpguide.core.processes import store_port
+from ddpguide.elastic.settings import AgentSettings
+from ddpguide.launch.programs import path_of
+from ddpguide.launch.torchrun import Agent, AgentRun, run_agents
+
+PROGRAM = "elastic_train.py"
+LOG = "epochs.jsonl"
+
+
+@dataclass
+class JoinRun:
+    """Two agents' runs of the program, and the folder it ran in."""
+
+    agents: list[AgentRun]
+    workdir: Path
+    epochs: int
+    nproc_per_node: int = 1
+
+    def records(self) -> list[dict]:
+        """The program's epoch log: one dict per finished epoch, in the order written."""
+        return read_log(self.workdir / LOG)
+
+
+def read_log(path: Path) -> list[dict]:
+    """JSON lines of ``path`` (none if it does not exist yet; a half-written line is skipped)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def agent_settings(port: int, nproc_per_node: int = 1) -> AgentSettings:
+    """The tuned agent of the chapter: ``--nnodes=1:2`` on 127.0.0.1, monitor every 0.5 s."""
+    return AgentSettings(nnodes="1:2", nproc_per_node=nproc_per_node,
+                         rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"job-{uuid.uuid4().hex[:8]}",
+                         max_restarts=3, monitor_interval=0.5).validate()
+
+
+def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int = 1,
+             join_after_epoch: int = 1, timeout: float = 150.0) -> JoinRun:
+    """Run the program under agent A; start agent B once epoch ``join_after_epoch`` is logged.
+
+    Both agents run the same command in the same folder (a copy of the program);
+    every process is gone when this returns, even on a timeout.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-program-"))
+    shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
+    settings = agent_settings(store_port(), nproc_per_node)
+    args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
+    common = dict(torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
+                  module_args=args, env=settings.environment(), cwd=str(workdir))
+
+    def a_has_trained() -> bool:
+        return any(r["epoch"] >= join_after_epoch for r in read_log(workdir / LOG))
+
+    agents = [Agent("A", **common), Agent("B", start_when=a_has_trained, **common)]
+    return JoinRun(run_agents(agents, timeout=timeout), workdir, epochs, nproc_per_node)
+
+
+def check_join(run: JoinRun) -> dict:
+    """Assert what the chapter claims about the run; return the facts it checked.
+
+    Both agents exit 0; the log holds every epoch exactly once, in order; the
+    world size only grows, from A's workers to A's and B's; a join is not a
+    failure (the restart count stays 0); the checkpoint holds the last epoch.
+    """
+    import torch
+
+    assert [r.returncode for r in run.agents] == [0, 0], [r.lines()[-5:] for r in run.agents]
+    records = run.records()
+    epochs = [r["epoch"] for r in records]
+    assert epochs == list(range(run.epochs)), epochs
+    sizes = [r["world_size"] for r in records]
+    per_node = run.nproc_per_node
+    assert sizes[0] == per_node and sizes[-1] == 2 * per_node and sizes == sorted(sizes), sizes
+    assert {r["restart_count"] for r in records} == {0}, records
+    state = torch.load(run.workdir / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert state["epoch"] == run.epochs - 1, state["epoch"]
+    first_at_two = sizes.index(sizes[-1])
+    return {"epochs": len(epochs), "world_sizes": sorted(set(sizes)),
+            "joined_before_epoch": first_at_two, "checkpoint_epoch": state["epoch"]}
