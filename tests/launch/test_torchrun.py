@@ -174,7 +174,7 @@ def _fake_launches(monkeypatch, outputs):
 
     ports = iter(range(50001, 50100))
     monkeypatch.setattr(tr, "run_agents", fake_run_agents)
-    monkeypatch.setattr(tr, "free_port", lambda: next(ports))
+    monkeypatch.setattr(tr, "ephemeral_port", lambda: next(ports))
     return calls
 
 
@@ -207,14 +207,6 @@ def test_simulated_nodes_never_share_a_gpu(monkeypatch):
     assert tr.node_devices(1, 2) == {"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cpu"}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert tr.node_devices(0, 2) == {}
-
-
-def test_free_port_can_be_bound_again():
-    import socket
-
-    port = agents.free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
 
 
 def test_rank_table_shows_one_row_per_record():
