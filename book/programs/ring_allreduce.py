@@ -10,11 +10,12 @@ version cuts the tensor into world_size chunks and only ever talks to its neighb
     (r + 1 - s) to the right and receives the complete chunk (r - s) from the left.
 
 (Chunk and rank numbers are modulo world_size.) Each rank sends 2 (W - 1) / W of the
-tensor in all: almost the same for 2 ranks as for 2000. isend/irecv post both halves
-of an exchange before waiting for either, so no rank waits for a send that the next
-rank has not yet received. The program sums one random tensor per rank both ways,
-prints the largest difference over all ranks (the sums add in a different order, so
-the last bits may differ) and the time of each.
+tensor in all: almost the same for 2 ranks as for 2000. Each exchange posts its send
+and its receive (isend, irecv) before waiting for either; with a blocking send first,
+every rank could wait in send for a neighbour that is itself waiting in send. The
+program sums one random tensor per rank both ways, prints the largest difference over
+all ranks (the sums add in a different order, so the last bits may differ) and the
+time of each.
 
 Run:  python ring_allreduce.py                          (3 ranks, mp.spawn)
       python ring_allreduce.py --world-size 4 --numel 10
