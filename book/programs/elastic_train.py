@@ -89,11 +89,14 @@ def setup() -> torch.device:
 @contextlib.contextmanager
 def sigterm_held_back():
     """Delay SIGTERM, which torchrun sends to stop its workers, until the block is done."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # a held signal lands here
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)  # now act on it as before
 
 
 def commit(args, epoch: int, model: nn.Module, optimizer, record: dict):

@@ -87,7 +87,7 @@ def worker(rank: int, world_size: int, args):
         print(f"{'step':>5}  {'DDP w':>20}  {'one process w':>20}")
         for step in [s for s in SHOWN_STEPS if s < args.steps] + [args.steps]:
             print(f"{step:>5}  {fmt(ddp[step]):>20}  {fmt(one[step]):>20}")
-        ratio = [(d - w) / (o - w) for d, o, w in zip(ddp[1], one[1], ddp[0])]
+        ratio = [(d - w) / (o - w) for d, o, w in zip(ddp[1], one[1], ddp[0], strict=True)]
         print(f"first step, DDP / one process: {fmt(ratio, 6)} -> effective learning rate "
               f"{args.lr * ratio[0]:g} (lr {args.lr:g})")
         if args.out:
@@ -110,7 +110,7 @@ def parse_args():
     parser = Parser(description="DDP linear regression: mean vs sum loss.")
     parser.add_argument("--loss", choices=["mean", "sum"], default="mean")
     parser.add_argument("--lr", type=float, help="SGD step (default 0.1 for mean, 0.005 for sum)")
-    parser.add_argument("--steps", type=int, default=200, help="SGD steps (default 200)")
+    parser.add_argument("--steps", type=int, default=100, help="SGD steps (default 100)")
     parser.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--out", help="rank 0 writes both trajectories here as JSON")
     args = parser.parse_args()

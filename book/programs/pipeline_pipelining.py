@@ -1,4 +1,4 @@
-"""Pipeline parallelism with torch.distributed.pipelining: two stages, GPipe, checked against one process.
+"""Two pipeline stages with torch.distributed.pipelining and GPipe, checked against one process.
 
 A small MLP (nn.Sequential) is cut in two: rank 0 keeps the first half, rank 1 the
 second. Each half becomes a PipelineStage; ScheduleGPipe splits every batch into

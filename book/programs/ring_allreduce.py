@@ -10,14 +10,15 @@ version cuts the tensor into world_size chunks and only ever talks to its neighb
     (r + 1 - s) to the right and receives the complete chunk (r - s) from the left.
 
 (Chunk and rank numbers are modulo world_size.) Each rank sends 2 (W - 1) / W of the
-tensor in all: almost the same for 2 ranks as for 2000. isend/irecv post both halves
-of an exchange before waiting for either, so no rank waits for a send that the next
-rank has not yet received. The program sums one random tensor per rank both ways,
-prints the largest difference over all ranks (the sums add in a different order, so
-the last bits may differ) and the time of each.
+tensor in all: almost the same for 2 ranks as for 2000. Each exchange posts its send
+and its receive (isend, irecv) before waiting for either; with a blocking send first,
+every rank could wait in send for a neighbour that is itself waiting in send. The
+program sums one random tensor per rank both ways, prints the largest difference over
+all ranks (the sums add in a different order, so the last bits may differ) and the
+time of each.
 
-Run:  python ring_allreduce.py                          (4 ranks, mp.spawn)
-      python ring_allreduce.py --world-size 3 --numel 10
+Run:  python ring_allreduce.py                          (3 ranks, mp.spawn)
+      python ring_allreduce.py --world-size 4 --numel 10
 
 Source: the hand-written all-reduce that the Zhihu series of the elastic article
 announces; its code is not among the book's sources, so this one is written afresh.
@@ -104,13 +105,14 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args():
     parser = Parser(description="A ring all-reduce with isend/irecv, checked against all_reduce.")
-    parser.add_argument("--world-size", type=int, default=4, help="processes (default 4)")
+    parser.add_argument("--world-size", type=int, default=3, help="processes (default 3)")
     parser.add_argument("--numel", type=int, default=1_000_003,
                         help="values per rank (default 1000003: chunks of unequal size)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs (default 5)")
     args = parser.parse_args()
     if args.world_size < 2:
-        parser.error(f"argument --world-size: a ring needs at least 2 ranks, got {args.world_size}")
+        parser.error(f"argument --world-size: a ring needs at least 2 ranks, "
+                     f"got {args.world_size}")
     if args.numel < args.world_size:
         parser.error(f"argument --numel: expected at least one value per rank "
                      f"({args.world_size}), got {args.numel}")

@@ -44,10 +44,14 @@ def load_program(path: Path) -> ModuleType:
 
 
 def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A shell's environment: no launcher variables, no PYTHONPATH pointing at the package."""
+    """A shell's environment: no launcher variables, no PYTHONPATH pointing at the package.
+
+    PYTHONUNBUFFERED is left out too: unbuffered, print() writes a line and its newline
+    separately, and the lines of two ranks sharing a pipe can interleave.
+    """
     env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCHER_VARIABLES and k != "PYTHONPATH"}
-    env.update({"PYTHONUNBUFFERED": "1", LAUNCH_ID_VARIABLE: launch_id, **(extra or {})})
+           if k not in (*LAUNCHER_VARIABLES, "PYTHONPATH", "PYTHONUNBUFFERED")}
+    env.update({LAUNCH_ID_VARIABLE: launch_id, **(extra or {})})
     return env
 
 

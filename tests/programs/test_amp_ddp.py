@@ -7,8 +7,10 @@ import re
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from programs_support import PYTHON, check_ok, copy_program, files_in, parse_error, run
+from programs_support import (
+    PYTHON, check_ok, copy_program, files_in, load_program, parse_error, run)
 
 STEPS_PER_EPOCH = math.ceil(math.ceil(1437 / 2) / 32)  # DistributedSampler pads to 719 per rank
 
@@ -60,3 +62,24 @@ def test_a_checkpoint_of_another_dtype_is_refused(tmp_path, monkeypatch, capsys)
     assert stderr == ("amp_ddp.py: error: argument --dtype: bfloat16 differs from the float16 "
                       "that 'fp16.pt' was trained with\n")
     assert files_in(tmp_path) == before
+
+
+def first_noise_of_each_worker(program, rank: int, worker_init_fn) -> list[torch.Tensor]:
+    """The noise that each of a rank's two loader workers adds to its first image."""
+    dataset = program.NoisyDigits(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))
+    loader = DataLoader(dataset, batch_size=1, num_workers=2, worker_init_fn=worker_init_fn,
+                        generator=torch.Generator().manual_seed(rank),
+                        multiprocessing_context="fork")
+    images = [image for image, _ in loader]
+    return images[:2]  # batches go to the workers in turn: worker 0, then worker 1
+
+
+def test_worker_init_fn_gives_every_worker_of_every_rank_its_own_noise(tmp_path):
+    program = load_program(copy_program("amp_ddp.py", tmp_path))
+    seeded = [noise for rank in (0, 1)
+              for noise in first_noise_of_each_worker(program, rank, program.seed_worker)]
+    assert all(not torch.equal(a, b) for i, a in enumerate(seeded) for b in seeded[i + 1:])
+    # Without it every worker draws from a copy of the same generator: the same noise.
+    unseeded = [noise for rank in (0, 1)
+                for noise in first_noise_of_each_worker(program, rank, None)]
+    assert all(torch.equal(unseeded[0], other) for other in unseeded[1:])

@@ -1,4 +1,4 @@
-"""ddp_torchrun.py: under torchrun it gives what ddp_spawn.py gives, from a file that differs little."""
+"""ddp_torchrun.py: under torchrun it gives what ddp_spawn.py gives, and differs from it little."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""elastic_train.py: a second torchrun agent joins mid-run; every epoch runs once, world size 1 -> 2."""
+"""elastic_train.py: a second agent joins mid-run; every epoch runs once, world size 1 -> 2."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import uuid
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from ddpguide.core.processes import store_port as free_port
-from programs_support import TORCHRUN, copy_program, kill_launch, parse_error, start
+from programs_support import PYTHON, TORCHRUN, copy_program, kill_launch, parse_error, run, start
 
 EPOCHS, EPOCH_SECONDS = 30, 0.4  # about 11 s for the second agent to join
 # The tuned values of the chapter (FACTS: a restart in seconds instead of tens of seconds).
@@ -84,7 +85,8 @@ def test_a_second_agent_joins_and_every_epoch_runs_exactly_once(tmp_path):
     (["--epochs", "0"], "argument --epochs: expected a value > 0, got 0"),
     (["--epoch-log", "no/such/folder/log.jsonl"],
      "argument --epoch-log: cannot write a file at 'no/such/folder/log.jsonl'"),
-    ([], "RANK is not set: start me with torchrun --standalone --nproc-per-node=2 elastic_train.py"),
+    ([], "RANK is not set: start me with "
+         "torchrun --standalone --nproc-per-node=2 elastic_train.py"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys,
                                                          args, message):
@@ -92,3 +94,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch,
     stderr = parse_error(path, args, monkeypatch, capsys)
     assert stderr == f"elastic_train.py: error: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elastic_train.py"]
+
+
+def test_sigterm_waits_for_the_commit_and_then_stops_the_worker(tmp_path):
+    path = copy_program("elastic_train.py", tmp_path)
+    script = (
+        "import importlib.util, os, signal, time\n"
+        f"spec = importlib.util.spec_from_file_location('program', {str(path)!r})\n"
+        "program = importlib.util.module_from_spec(spec); spec.loader.exec_module(program)\n"
+        "with program.sigterm_held_back():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # as torchrun stops a worker\n"
+        "    time.sleep(0.2)\n"
+        "    print('commit finished', flush=True)\n"
+        "print('went on after the commit', flush=True)\n"
+    )
+    result = run([PYTHON, "-c", script], tmp_path, timeout=60)
+    assert (result.returncode, result.stdout) == (-signal.SIGTERM, "commit finished\n")

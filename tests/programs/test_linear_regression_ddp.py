@@ -1,4 +1,4 @@
-"""linear_regression_ddp.py: w reaches [2, 3]; a sum loss makes DDP's step 1/world_size of one process's."""
+"""linear_regression_ddp.py: w reaches [2, 3]; with a sum loss DDP steps 1/world_size as far."""
 
 from __future__ import annotations
 
