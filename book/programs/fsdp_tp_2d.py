@@ -119,10 +119,21 @@ def train(model, x, y, dp_group, dp_size):
     return losses
 
 
+def show_rows(name, weight):
+    """Which rows of the whole weight each rank holds (found by comparing with full_tensor)."""
+    full, local = weight.full_tensor(), weight.to_local()
+    first = next(r for r in range(full.shape[0]) if torch.equal(full[r], local[0]))
+    starts = [None] * dist.get_world_size()
+    dist.all_gather_object(starts, first)
+    say(f"  rows of {name} on ranks 0-3: "
+        + ", ".join(f"{s}-{s + local.shape[0] - 1}" for s in starts))
+
+
 def check(model, losses, plain, plain_losses):
     say(f"  {'parameter':22}{'placements':44}local shape")
     for pname, p in model.named_parameters():
         say(f"  {pname:22}{str(p.placements):44}{tuple(p.to_local().shape)}")
+    show_rows("layers.0.up.weight", model.layers[0].up.weight)
     say(f"  loss per step {[f'{v:.6f}' for v in losses]}")
     say(f"  one process   {[f'{v:.6f}' for v in plain_losses]}")
     plain_params = dict(plain.named_parameters())

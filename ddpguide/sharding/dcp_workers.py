@@ -2,10 +2,10 @@
 
 A save returns every model and optimizer tensor gathered whole; a load in
 another world returns the same after loading. Comparing the two with
-``torch.equal`` proves the reshard exact. The layout of the saving run can be
-FSDP2 over all ranks (``"fsdp"``) or, on 4 ranks, the 2x2 FSDP x TP mesh
-(``"fsdp_tp"``): the checkpoint stores global tensors, so it loads into any
-layout of the same model.
+``torch.equal`` proves the reshard exact. The checkpoint stores global tensors,
+so it loads into any layout of the same model (:data:`LAYOUTS`): FSDP2 over all
+ranks, tensor parallelism over all ranks, the 2x2 FSDP x TP mesh, or a plain
+model in one process (no spawn, no process group).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import fully_shard
 
 from ddpguide.sbp import device_mesh, mesh_device
@@ -32,28 +32,42 @@ DIM, HIDDEN = 8, 20  # 20 rows: 10 per rank on 2, 7 + 7 + 6 on 3, 5 per rank on 
 BATCH = 12
 
 
+LAYOUTS = ("plain", "tp", "fsdp", "fsdp_tp")
+
+
 def sharded_model(seed: int, layout: str = "fsdp",
-                  hidden: int = HIDDEN) -> tuple[nn.Module, Any, DeviceMesh]:
-    """A float32 :class:`Stack` sharded over every rank, Adam over its shards, and the
-    data-parallel mesh (the ranks that read different shares of a batch)."""
+                  hidden: int = HIDDEN) -> tuple[nn.Module, Any, tuple[int, int]]:
+    """A float32 :class:`Stack` laid out over every rank, Adam over its parameters, and this
+    rank's data share as ``(index, count)`` (the ranks of a TP group read the same share).
+
+    Layouts: ``plain`` (one process, no process group), ``tp`` (tensor parallelism over all
+    ranks), ``fsdp`` (FSDP2 over all ranks), ``fsdp_tp`` (the 2x2 mesh, 4 ranks).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    if layout == "fsdp":
+    dp_mesh = tp_mesh = None
+    device = torch.device("cpu")
+    if layout in ("tp", "fsdp"):
         mesh = device_mesh((dist.get_world_size(),))
-        dp_mesh, tp_mesh = mesh, None
+        dp_mesh, tp_mesh = (None, mesh) if layout == "tp" else (mesh, None)
+        device = mesh_device(mesh)
     elif layout == "fsdp_tp":
         mesh = mesh_2d((2, 2), ("dp", "tp"))
         dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    else:
-        raise ValueError(f"unknown layout {layout!r}: choose 'fsdp' or 'fsdp_tp'")
+        device = mesh_device(mesh)
     torch.manual_seed(seed)
-    model = Stack(DIM, hidden).to(mesh_device(mesh))
+    model = Stack(DIM, hidden).to(device)
     for layer in model.layers:
         if tp_mesh is not None:
             parallelize(layer, tp_mesh, mlp_plan())
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
-    return model, torch.optim.Adam(model.parameters(), lr=0.01), dp_mesh
+        if dp_mesh is not None:
+            fully_shard(layer, mesh=dp_mesh)
+    if dp_mesh is not None:
+        fully_shard(model, mesh=dp_mesh)
+    share = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh is not None else (0, 1)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01), share
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -77,24 +91,26 @@ def full_tensors(model: nn.Module, optimizer) -> dict[str, torch.Tensor]:
 def _pieces(model: nn.Module) -> dict[str, Any]:
     """What this rank holds of the first weight."""
     weight = model.layers[0].up.weight
-    return {"placements": str(tuple(weight.placements)), "local shape": tuple(weight.to_local().shape)}
+    if not isinstance(weight, DTensor):
+        return {"placements": "plain tensor", "local shape": tuple(weight.shape)}
+    return {"placements": str(tuple(weight.placements)),
+            "local shape": tuple(weight.to_local().shape)}
 
 
 def train_and_save(directory: str, layout: str = "fsdp", steps: int = 2, seed: int = 0) -> dict:
     """Worker: train ``steps`` Adam steps on this rank's share, then :func:`save_sharded`."""
-    model, optimizer, dp_mesh = sharded_model(seed, layout)
+    model, optimizer, (share, shares) = sharded_model(seed, layout)
     gen = torch.Generator().manual_seed(seed + 1)
     device = next(model.parameters()).device
     # Shares by data-parallel index: the ranks of a tensor-parallel group must read the
     # same batch (ColwiseParallel takes each rank's input to be the same replicated tensor).
-    share, shares = dp_mesh.get_local_rank(), dp_mesh.size()
     x, y = (torch.randn(BATCH, DIM, generator=gen).to(device).chunk(shares)[share] for _ in range(2))
     for _ in range(steps):
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()
         optimizer.step()
-    save_sharded(model, optimizer, directory,
-                 extra={"step": steps, "saved_by": dist.get_world_size()})
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    save_sharded(model, optimizer, directory, extra={"step": steps, "saved_by": world})
     return {"tensors": full_tensors(model, optimizer), "pieces": _pieces(model),
             "files": sorted(os.listdir(directory))}
 

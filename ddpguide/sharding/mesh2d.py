@@ -101,15 +101,20 @@ def _compare(model: nn.Module, losses: list[float], x: torch.Tensor, y: torch.Te
     plain_losses = _train(plain, x, y, steps, lr)
     plain_params = dict(plain.named_parameters())
     differences = [abs(a - b) for a, b in zip(losses, plain_losses)]
-    rows = []
+    rows, held = [], None
     for name, p in model.named_parameters():
-        differences.append((p.full_tensor() - plain_params[name]).abs().max().item())
+        full, local = p.full_tensor(), p.to_local()
+        differences.append((full - plain_params[name]).abs().max().item())
         rows.append({"parameter": name, "placements": str(tuple(p.placements)),
-                     "local shape": tuple(p.to_local().shape), "global shape": tuple(p.shape)})
+                     "local shape": tuple(local.shape), "global shape": tuple(p.shape)})
+        if held is None:  # which contiguous rows of the first weight this rank holds
+            start = next(r for r in range(full.shape[0]) if torch.equal(full[r], local[0]))
+            if torch.equal(full[start:start + local.shape[0]], local):
+                held = (name, start, start + local.shape[0])
     worst = torch.tensor(max(differences), dtype=torch.float64, device=x.device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return {"losses": losses, "one_process_losses": plain_losses,
-            "max_difference": worst.item(), "parameters": rows}
+            "max_difference": worst.item(), "parameters": rows, "rows_held": held}
 
 
 def fsdp_tp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:

@@ -18,8 +18,9 @@ from typing import Sequence
 
 from ddpguide.torchrun_agents import Agent, AgentRun, run_agents
 
-#: torchrun's own log lines (``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``).
-_TORCHRUN_LOG = re.compile(r"^[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]")
+#: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
+#: on a terminal, and its OMP_NUM_THREADS notice, which comes without that prefix otherwise.
+_TORCHRUN_LOG = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|Setting OMP_NUM_THREADS )")
 
 
 @dataclass

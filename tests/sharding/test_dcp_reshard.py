@@ -22,12 +22,13 @@ from ddpguide.sharding import dcp_workers as W
 @pytest.fixture(scope="module")
 def roundtrips(tmp_path_factory):
     root = tmp_path_factory.mktemp("dcp")
-    four, two = str(root / "four"), str(root / "two")
+    four, two, tp = str(root / "four"), str(root / "two"), str(root / "tp")
     runs = {"root": root}
     runs[4] = spawn(run_several, 4, {"save": (W.train_and_save, four, "fsdp_tp")},
                     timeout=300, echo=False)
     runs[2] = spawn(run_several, 2, {"load": (W.load_and_gather, four),
                                      "save": (W.train_and_save, two),
+                                     "save_tp": (W.train_and_save, tp, "tp"),
                                      "other": (W.load_another_model, two)},
                     timeout=300, echo=False)
     runs[3] = spawn(run_several, 3, {"load": (W.load_and_gather, two)}, timeout=300, echo=False)
@@ -71,7 +72,18 @@ def test_saved_by_4_on_a_2d_mesh_loads_exactly_into_2(roundtrips):
         assert result["load"]["pieces"] == {"placements": "(Shard(dim=0),)", "local shape": (10, 8)}
         assert result["load"]["extra"] == {"step": 2, "saved_by": 4}
     # nothing but the checkpoints is left beside them: no .prev, no temporary directories
-    assert sorted(os.listdir(roundtrips["root"])) == ["four", "two"]
+    assert sorted(os.listdir(roundtrips["root"])) == ["four", "tp", "two"]
+
+
+@pytest.mark.timeout(600)
+def test_saved_by_tensor_parallel_ranks_loads_exactly_into_one_plain_process(roundtrips):
+    saved = roundtrips[2][0]["save_tp"]
+    assert saved["pieces"] == {"placements": "(Shard(dim=0),)", "local shape": (10, 8)}
+    _exact(saved["tensors"], roundtrips[2][1]["save_tp"]["tensors"])
+    loaded = W.load_and_gather(str(roundtrips["root"] / "tp"), "plain")  # here, no process group
+    _exact(saved["tensors"], loaded["tensors"])
+    assert loaded["pieces"] == {"placements": "plain tensor", "local shape": (20, 8)}
+    assert loaded["extra"] == {"step": 2, "saved_by": 2}
 
 
 @pytest.mark.timeout(600)

@@ -37,6 +37,10 @@ def test_2d_placements(spawned):
     assert fsdp_tp["layers.0.up.weight"]["local shape"] == (mesh2d.HIDDEN // 4, mesh2d.DIM)
     assert fsdp_tp["layers.0.down.weight"]["placements"] == "(Shard(dim=0), Shard(dim=1))"
     assert fsdp_tp["layers.0.down.bias"]["placements"] == "(Shard(dim=0), Replicate())"
+    # rank (dp i, tp j) holds rows 16 j + 8 i ... + 8: TP cut first, FSDP cut TP's piece
+    held = [r["fsdp_tp"]["rows_held"] for r in spawned(4)]
+    assert held == [("layers.0.up.weight", a, a + 8) for a in (0, 16, 8, 24)]
+    assert [r["hsdp"]["rows_held"][1] for r in spawned(4)] == [0, 16, 0, 16]
     hsdp = {r["parameter"]: r for r in spawned(4)[0]["hsdp"]["parameters"]}
     assert {r["placements"] for r in hsdp.values()} == {"(Replicate(), Shard(dim=0))"}
     assert hsdp["layers.0.up.weight"]["local shape"] == (mesh2d.HIDDEN // 2, mesh2d.DIM)
