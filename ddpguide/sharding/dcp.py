@@ -23,6 +23,15 @@ Atomic, for a directory
     renames, so with several machines the directory must be on a shared file
     system (as DCP's own metadata already requires).
 
+Usage, on every rank of a training job (also with one process and no process group)::
+
+    start = 0
+    if find_checkpoint(path) is not None:
+        start = load_sharded(model, optimizer, path)["epoch"] + 1
+    for epoch in range(start, epochs):
+        ...
+        save_sharded(model, optimizer, path, extra={"epoch": epoch})
+
 The "another model" check
     Before loading, the saved metadata's keys and shapes are compared with the
     model's state dict (:func:`check_fits`): a checkpoint of another model
