@@ -61,7 +61,13 @@ def parse_args():
     directory = Path(args.dir)
     # Check before any process group or file exists; one line, exit 2.
     problem = None
-    if args.load and not (directory / ".metadata").is_file():
+    world = os.environ.get("WORLD_SIZE")
+    if world is None:
+        problem = "start it with torchrun: torchrun --standalone --nproc-per-node=2 dcp_reshard.py"
+    elif not args.load and BATCH % int(world):
+        problem = (f"--nproc-per-node={world}: the batch of {BATCH} must split evenly over the "
+                   "ranks that save (use 1, 2, 3, 4, 6 or 12)")
+    elif args.load and not (directory / ".metadata").is_file():
         problem = f"--dir {args.dir!r}: no checkpoint there (save one first, without --load)"
     elif not args.load and not directory.resolve().parent.is_dir():
         problem = f"--dir {args.dir!r}: its parent directory does not exist"

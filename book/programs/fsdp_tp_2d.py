@@ -15,6 +15,7 @@ batch with the same SGD steps (float64, to 1e-12).
 import datetime
 import logging
 import os
+import sys
 import warnings
 
 import torch
@@ -180,12 +181,13 @@ def hsdp(device_type, x, y, plain, plain_losses):
 
 
 def main():
-    device_type = setup()
-    if dist.get_world_size() != 4:
-        say(f"this program needs 4 ranks (a 2x2 mesh), got {dist.get_world_size()}: "
-            "torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py")
-        dist.destroy_process_group()
+    if os.environ.get("WORLD_SIZE") != "4":  # checked before any process group exists
+        if os.environ.get("RANK", "0") == "0":
+            print(f"--nproc-per-node={os.environ.get('WORLD_SIZE', '(none)')}: this program needs "
+                  "4 ranks (a 2x2 mesh): torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py",
+                  file=sys.stderr)
         raise SystemExit(2)
+    device_type = setup()
     say(f"4 ranks, backend {dist.get_backend()}, device {device_type}, float64")
     x, y = data(device_type)
     plain, plain_losses = reference(device_type, x, y)

@@ -10,6 +10,7 @@ Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,21 @@ class Block(nn.Module):
 
     def forward(self, x):
         return x + self.mlp(self.norm(x))
+
+
+def check_world():
+    """Before any process group: the heads and positions must split evenly over the ranks."""
+    problem = None
+    if "WORLD_SIZE" not in os.environ:
+        problem = ("start it with torchrun: "
+                   "torchrun --standalone --nproc-per-node=2 tensor_parallel.py")
+    elif HEADS % int(os.environ["WORLD_SIZE"]) or SEQ % int(os.environ["WORLD_SIZE"]):
+        problem = (f"--nproc-per-node={os.environ['WORLD_SIZE']}: the {HEADS} heads and {SEQ} "
+                   "positions must split evenly over the ranks (use 1, 2 or 4)")
+    if problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(problem, file=sys.stderr)
+        raise SystemExit(2)
 
 
 def setup():
@@ -157,6 +173,7 @@ def compare(name, device_type, make, plan, x, shard_input_dim=None):
 
 
 def main():
+    check_world()
     device_type = setup()
     world = dist.get_world_size()
     say(f"{world} ranks, backend {dist.get_backend()}, device {device_type}, float64")

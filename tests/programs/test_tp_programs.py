@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -71,12 +72,33 @@ def test_dcp_program_saves_with_2_and_loads_with_3(copies):
     assert any("rows per rank [7, 7, 6]" in line for line in loaded.lines())
 
 
+REFUSALS = [
+    ("tensor_parallel.py", [], {},
+     "start it with torchrun: torchrun --standalone --nproc-per-node=2 tensor_parallel.py"),
+    ("tensor_parallel.py", [], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--nproc-per-node=3: the 4 heads and 8 positions must split evenly over the ranks "
+     "(use 1, 2 or 4)"),
+    ("fsdp_tp_2d.py", [], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--nproc-per-node=2: this program needs 4 ranks (a 2x2 mesh): "
+     "torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py"),
+    ("dcp_reshard.py", ["--dir", "nowhere", "--load"], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--dir 'nowhere': no checkpoint there (save one first, without --load)"),
+    ("dcp_reshard.py", ["--dir", "ckpt"], {"WORLD_SIZE": "5", "RANK": "0"},
+     "--nproc-per-node=5: the batch of 12 must split evenly over the ranks that save "
+     "(use 1, 2, 3, 4, 6 or 12)"),
+    ("dcp_reshard.py", ["--dir", "missing/ckpt"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--dir 'missing/ckpt': its parent directory does not exist"),
+]
+
+
 @pytest.mark.timeout(120)
-def test_dcp_program_refuses_a_missing_checkpoint_in_one_line(copies):
+@pytest.mark.parametrize("name, args, env, message", REFUSALS)
+def test_programs_refuse_bad_input_in_one_line_before_starting(copies, name, args, env, message):
+    """As a rank that torchrun started would see it (RANK, WORLD_SIZE), or without torchrun."""
     before = sorted(p.name for p in copies.iterdir())
-    done = subprocess.run([sys.executable, "dcp_reshard.py", "--dir", "nowhere", "--load"],
-                          cwd=copies, capture_output=True, text=True, timeout=100)
-    assert done.returncode == 2
-    assert done.stdout == ""
-    assert done.stderr == "--dir 'nowhere': no checkpoint there (save one first, without --load)\n"
-    assert sorted(p.name for p in copies.iterdir()) == before
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                            "LOCAL_WORLD_SIZE")}
+    done = subprocess.run([sys.executable, name, *args], cwd=copies, capture_output=True,
+                          text=True, timeout=100, env={**clean, **env})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    assert sorted(p.name for p in copies.iterdir()) == before  # nothing written
