@@ -88,23 +88,8 @@ def data(device_type):
     return x, torch.randn(BATCH, DIM, dtype=torch.float64, device=device_type)
 
 
-def reference(device_type, x, y):
-    """One process, the whole batch: the losses and weights every layout must reproduce."""
-    torch.manual_seed(0)
-    model = Model().to(device_type, torch.float64)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(STEPS):
-        optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return model, losses
-
-
-def train(model, x, y, dp_group, dp_size):
-    """SGD on this rank's share of the batch; the loss printed is the whole batch's mean."""
+def train(model, x, y, dp_group=None, dp_size=1):
+    """SGD on this rank's share of the batch; the loss recorded is the whole batch's mean."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
@@ -115,9 +100,17 @@ def train(model, x, y, dp_group, dp_size):
         loss.backward()
         optimizer.step()
         total = loss.detach().clone()
-        dist.all_reduce(total, group=dp_group)
+        if dp_size > 1:
+            dist.all_reduce(total, group=dp_group)
         losses.append(total.item() / dp_size)
     return losses
+
+
+def reference(device_type, x, y):
+    """One process, the whole batch: the losses and weights every layout must reproduce."""
+    torch.manual_seed(0)
+    model = Model().to(device_type, torch.float64)
+    return model, train(model, x, y)
 
 
 def show_rows(name, weight):

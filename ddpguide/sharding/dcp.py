@@ -60,19 +60,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-PREVIOUS_SUFFIX = ".prev"
+from ddpguide.checkpoint import previous_path  # <dir>.prev, named as for one-file checkpoints
+
 EXTRA_FILE = "extra.pt"
 METADATA_FILE = ".metadata"
 
 
 class CheckpointMismatch(ValueError):
     """A checkpoint that was written for another model (or is not a checkpoint)."""
-
-
-def previous_path(directory: str | os.PathLike) -> Path:
-    """Where the checkpoint before the one being saved waits until the new one is in place."""
-    directory = Path(directory)
-    return directory.with_name(directory.name + PREVIOUS_SUFFIX)
 
 
 def _temporary_prefix(directory: Path) -> str:

@@ -10,9 +10,7 @@ model in one process (no spawn, no process group).
 
 from __future__ import annotations
 
-import logging
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -25,7 +23,7 @@ from torch.distributed.fsdp import fully_shard
 
 from ddpguide.sbp import device_mesh, mesh_device
 from ddpguide.sharding.dcp import load_sharded, save_sharded
-from ddpguide.sharding.mesh2d import Stack, mesh_2d
+from ddpguide.sharding.mesh2d import Stack, mesh_2d, quiet_warnings
 from ddpguide.sharding.tensor_parallel import mlp_plan, parallelize
 
 DIM, HIDDEN = 8, 20  # 20 rows: 10 per rank on 2, 7 + 7 + 6 on 3, 5 per rank on 4
@@ -45,8 +43,7 @@ def sharded_model(seed: int, layout: str = "fsdp",
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    quiet_warnings()
     dp_mesh = tp_mesh = None
     device = torch.device("cpu")
     if layout in ("tp", "fsdp"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -63,7 +63,8 @@ def mesh_2d(shape: Sequence[int] = (2, 2), names: Sequence[str] = ("dp", "tp")) 
     return device_mesh(shape, names)
 
 
-def _quiet() -> None:
+def quiet_warnings() -> None:
+    """Silence two warnings about what these workers do on purpose."""
     # FSDP2 warns that a layer returns a view (Stack adds it out of place, which is safe),
     # and DTensor that full_tensor() of a 2-D sharded weight takes two all-gathers.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
@@ -117,39 +118,44 @@ def _compare(model: nn.Module, losses: list[float], x: torch.Tensor, y: torch.Te
             "max_difference": worst.item(), "parameters": rows, "rows_held": held}
 
 
-def fsdp_tp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:
-    """Worker (4 ranks): TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]``, vs one process."""
-    _quiet()
-    mesh = mesh_2d((2, 2), ("dp", "tp"))
+def _train_and_compare(mesh: DeviceMesh, shard: Callable[[nn.Module], None],
+                       share: int, shares: int, group, steps: int, lr: float, seed: int) -> dict:
+    """Build the model, lay it out with ``shard``, train on share ``share`` of ``shares``."""
+    quiet_warnings()
     device = mesh_device(mesh)
     x, y = _data(device, seed)
     torch.manual_seed(seed)
     model = Stack().to(device, torch.float64)
-    for layer in model.layers:
-        parallelize(layer, mesh["tp"], mlp_plan())  # first split by TP, then shard by FSDP
-        fully_shard(layer, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
-    dp = mesh["dp"]  # the two ranks of a tp row read the same share
-    mine = dp.get_local_rank()
-    losses = _train(model, x.chunk(dp.size())[mine], y.chunk(dp.size())[mine], steps, lr,
-                    dp.get_group(), dp.size())
+    shard(model)
+    losses = _train(model, x.chunk(shares)[share], y.chunk(shares)[share], steps, lr, group, shares)
     return {"mesh": mesh.mesh.tolist(), "coordinate": tuple(mesh.get_coordinate()),
             **_compare(model, losses, x, y, steps, lr, seed)}
+
+
+def fsdp_tp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:
+    """Worker (4 ranks): TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]``, vs one process."""
+    mesh = mesh_2d((2, 2), ("dp", "tp"))
+
+    def shard(model: nn.Module) -> None:
+        for layer in model.layers:
+            parallelize(layer, mesh["tp"], mlp_plan())  # first split by TP, then shard by FSDP
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+
+    dp = mesh["dp"]  # the two ranks of a tp row read the same share
+    return _train_and_compare(mesh, shard, dp.get_local_rank(), dp.size(), dp.get_group(),
+                              steps, lr, seed)
 
 
 def hsdp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:
     """Worker (4 ranks): ``fully_shard`` on a (replicate, shard) mesh, vs one process."""
-    _quiet()
     mesh = mesh_2d((2, 2), ("replicate", "shard"))
-    device = mesh_device(mesh)
-    x, y = _data(device, seed)
-    torch.manual_seed(seed)
-    model = Stack().to(device, torch.float64)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    rank, world = dist.get_rank(), dist.get_world_size()  # every rank is data-parallel here
-    losses = _train(model, x.chunk(world)[rank], y.chunk(world)[rank], steps, lr, None, world)
-    return {"mesh": mesh.mesh.tolist(), "coordinate": tuple(mesh.get_coordinate()),
-            **_compare(model, losses, x, y, steps, lr, seed)}
 
+    def shard(model: nn.Module) -> None:
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    # every rank is data-parallel here
+    return _train_and_compare(mesh, shard, dist.get_rank(), dist.get_world_size(), None,
+                              steps, lr, seed)
