@@ -1,0 +1,202 @@
+"""Tensor parallelism: an MLP, an attention block and sequence parallelism, split over ranks.
+
+    torchrun --standalone --nproc-per-node=2 tensor_parallel.py
+
+Every rank also builds the plain (unsplit) module from the same seed and runs it
+on the same input: that is what one process would compute. The split version
+must give the same output and the same gradients (float64, to 1e-12).
+Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
+"""
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.placement_types import Shard
+
+DIM, HIDDEN, HEADS, BATCH, SEQ = 16, 64, 4, 2, 8
+TOLERANCE = 1e-12
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(DIM, HIDDEN)
+        self.down = nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head_dim = DIM // HEADS
+        self.q, self.k, self.v = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        self.out = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        # -1 heads: all of them on one process, this rank's share under tensor parallelism
+        # (q, k and v are split by output features, which are whole heads).
+        q, k, v = (f(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+                   for f in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class Block(nn.Module):
+    """LayerNorm then MLP, with a residual connection (half of a transformer layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.mlp = MLP()
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def check_world():
+    """Before any process group: the heads and positions must split evenly over the ranks."""
+    problem = None
+    if "WORLD_SIZE" not in os.environ:
+        problem = ("start it with torchrun: "
+                   "torchrun --standalone --nproc-per-node=2 tensor_parallel.py")
+    elif HEADS % int(os.environ["WORLD_SIZE"]) or SEQ % int(os.environ["WORLD_SIZE"]):
+        problem = (f"--nproc-per-node={os.environ['WORLD_SIZE']}: the {HEADS} heads and {SEQ} "
+                   "positions must split evenly over the ranks (use 1, 2 or 4)")
+    if problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(problem, file=sys.stderr)
+        raise SystemExit(2)
+
+
+def setup():
+    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
+    use_gpu = torch.cuda.device_count() >= local_world
+    if use_gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if use_gpu else "gloo", timeout=datetime.timedelta(seconds=60))
+    return "cuda" if use_gpu else "cpu"
+
+
+def collectives(mode):
+    """CommDebugMode's counts with short names: {'all_reduce': 1}."""
+    return {str(op).rsplit(".", 1)[-1]: n for op, n in mode.get_comm_counts().items()} or "none"
+
+
+def say(*args):
+    if dist.get_rank() == 0:
+        print(*args, flush=True)
+
+
+def worst_on_any_rank(differences, device_type):
+    """The largest difference over every rank (each rank checked its own piece)."""
+    worst = torch.tensor(max(differences), dtype=torch.float64, device=device_type)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
+
+
+def show_parameters(model):
+    say(f"  {'parameter':16}{'placements':19}{'local shape':13}{'global shape':14}gradient")
+    for name, p in model.named_parameters():
+        say(f"  {name:16}{str(p.placements):19}{str(tuple(p.to_local().shape)):13}"
+            f"{str(tuple(p.shape)):14}{p.grad.placements}")
+
+
+def compare(name, device_type, make, plan, x, shard_input_dim=None):
+    """Run the plain module and its parallelized twin on ``x``; check output and gradients."""
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    plain = make().to(device_type, torch.float64)
+    split = make().to(device_type, torch.float64)
+    split.load_state_dict(plain.state_dict())
+    seen = {}
+
+    def record(mod, inputs, out):  # returns None: the output stays as it is
+        seen.setdefault(mod.plan_name, out.placements)
+
+    for sub in plan:  # registered before parallelize_module: sees the raw result of the matmul
+        split.get_submodule(sub).plan_name = sub
+        split.get_submodule(sub).register_forward_hook(record)
+    parallelize_module(split, mesh, plan)
+    say(f"== {name}: plan {', '.join(f'{k}: {type(v).__name__}' for k, v in plan.items())}")
+
+    x_plain = x.clone().requires_grad_(True)
+    expected = plain(x_plain)
+    expected.pow(2).sum().backward()
+    # Under sequence parallelism each rank holds a slice of the sequence, in and out.
+    rank = dist.get_rank()
+    x_mine = x if shard_input_dim is None else x.chunk(mesh.size(), shard_input_dim)[rank]
+    x_mine = x_mine.clone().requires_grad_(True)
+    with CommDebugMode() as forward:
+        out = split(x_mine)
+    with CommDebugMode() as backward:
+        out.pow(2).sum().backward()
+    show_parameters(split)
+    for sub, placements in seen.items():
+        style = plan[sub]
+        hands_on = getattr(style, "output_layouts", getattr(style, "sequence_sharding", None))
+        say(f"  {sub} computes {placements} and hands on {hands_on}")
+    say(f"  collectives: forward {collectives(forward)}, backward {collectives(backward)}")
+
+    want = expected if shard_input_dim is None else expected.chunk(mesh.size(), shard_input_dim)[rank]
+    differences = [(out - want).abs().max().item()]
+    grads = dict(split.named_parameters())
+    for pname, p in plain.named_parameters():
+        g = grads[pname].grad
+        full = g.full_tensor() if isinstance(g, DTensor) else g
+        differences.append((full - p.grad).abs().max().item())
+    x_grad = x_plain.grad if shard_input_dim is None else \
+        x_plain.grad.chunk(mesh.size(), shard_input_dim)[rank]
+    differences.append((x_mine.grad - x_grad).abs().max().item())
+    worst = worst_on_any_rank(differences, device_type)
+    ok = worst <= TOLERANCE
+    say(f"  check: output, input gradient and every parameter gradient equal to the plain "
+        f"module on every rank: max difference {worst:.1e} <= {TOLERANCE:g}: "
+        f"{'OK' if ok else 'FAILED'}")
+    return ok
+
+
+def main():
+    check_world()
+    device_type = setup()
+    world = dist.get_world_size()
+    say(f"{world} ranks, backend {dist.get_backend()}, device {device_type}, float64")
+    torch.manual_seed(1)
+    x = torch.randn(BATCH, SEQ, DIM, dtype=torch.float64, device=device_type)
+
+    results = [
+        compare("MLP", device_type, MLP,
+                {"up": ColwiseParallel(), "down": RowwiseParallel()}, x),
+        compare("Attention", device_type, Attention,
+                {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                 "out": RowwiseParallel()}, x),
+        # Sequence parallelism: the norm runs on a slice of the sequence; the MLP
+        # all-gathers the sequence on the way in and reduce-scatters it on the way out.
+        compare("Sequence parallel", device_type, Block,
+                {"norm": SequenceParallel(),
+                 "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
+                 "mlp.down": RowwiseParallel(output_layouts=Shard(1))}, x, shard_input_dim=1),
+    ]
+    say("all checks passed" if all(results) else "SOME CHECKS FAILED")
+    dist.destroy_process_group()
+    raise SystemExit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The tensor-parallel chapter's programs, run standalone from a copy with torchrun: checks pass."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpguide.sharding.tp_programs import run_program
+
+PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+NAMES = ("tensor_parallel.py", "fsdp_tp_2d.py", "dcp_reshard.py")
+
+
+@pytest.fixture
+def copies(tmp_path: Path) -> Path:
+    """The programs alone in a fresh folder: nothing from the book or the package beside them."""
+    for name in NAMES:
+        shutil.copy(PROGRAMS / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_programs_import_only_torch_and_the_standard_library(name):
+    tree = ast.parse((PROGRAMS / name).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported - set(sys.stdlib_module_names) == {"torch"}
+
+
+@pytest.mark.timeout(300)
+def test_tensor_parallel_program(copies):
+    launch = run_program(copies / "tensor_parallel.py", 2, timeout=240)
+    assert launch.returncode == 0, launch.text()
+    checks = launch.checks()
+    assert len(checks) == 3 and all(c.endswith(": OK") for c in checks), launch.text()
+    lines = launch.lines()
+    assert "all checks passed" in lines
+    assert any(line.split()[:2] == ["up.weight", "(Shard(dim=0),)"] for line in lines)
+    assert any(line.split()[:2] == ["down.weight", "(Shard(dim=1),)"] for line in lines)
+    assert "  down computes (Partial(sum),) and hands on (Replicate(),)" in lines
+    assert "  collectives: forward {'all_reduce': 1}, backward {'all_reduce': 1}" in lines
+
+
+@pytest.mark.timeout(400)
+def test_fsdp_tp_2d_program(copies):
+    launch = run_program(copies / "fsdp_tp_2d.py", 4, timeout=360)
+    assert launch.returncode == 0, launch.text()
+    checks = launch.checks()
+    assert len(checks) == 2 and all(c.endswith(": OK") for c in checks), launch.text()
+    assert "all checks passed" in launch.lines()
+
+
+@pytest.mark.timeout(500)
+def test_dcp_program_saves_with_2_and_loads_with_3(copies):
+    checkpoint = copies / "ckpt"
+    saved = run_program(copies / "dcp_reshard.py", 2, ["--dir", str(checkpoint)], timeout=240)
+    assert saved.returncode == 0, saved.text()
+    assert sorted(p.name for p in checkpoint.iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp", "full_state.pt"]
+    loaded = run_program(copies / "dcp_reshard.py", 3, ["--dir", str(checkpoint), "--load"], timeout=240)
+    assert loaded.returncode == 0, loaded.text()
+    assert loaded.checks() == ["check: saved by 2 ranks, loaded by 3: 32 of 32 tensors "
+                               "(model and Adam state) identical: OK"], loaded.text()
+    assert any("rows per rank [7, 7, 6]" in line for line in loaded.lines())
+
+
+REFUSALS = [
+    ("tensor_parallel.py", [], {},
+     "start it with torchrun: torchrun --standalone --nproc-per-node=2 tensor_parallel.py"),
+    ("tensor_parallel.py", [], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--nproc-per-node=3: the 4 heads and 8 positions must split evenly over the ranks "
+     "(use 1, 2 or 4)"),
+    ("fsdp_tp_2d.py", [], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--nproc-per-node=2: this program needs 4 ranks (a 2x2 mesh): "
+     "torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py"),
+    ("dcp_reshard.py", ["--dir", "nowhere", "--load"], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--dir 'nowhere': no checkpoint there (save one first, without --load)"),
+    ("dcp_reshard.py", ["--dir", "ckpt"], {"WORLD_SIZE": "5", "RANK": "0"},
+     "--nproc-per-node=5: the batch of 12 must split evenly over the ranks that save "
+     "(use 1, 2, 3, 4, 6 or 12)"),
+    ("dcp_reshard.py", ["--dir", "missing/ckpt"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--dir 'missing/ckpt': its parent directory does not exist"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, args, env, message", REFUSALS)
+def test_programs_refuse_bad_input_in_one_line_before_starting(copies, name, args, env, message):
+    """As a rank that torchrun started would see it (RANK, WORLD_SIZE), or without torchrun."""
+    before = sorted(p.name for p in copies.iterdir())
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                            "LOCAL_WORLD_SIZE")}
+    done = subprocess.run([sys.executable, name, *args], cwd=copies, capture_output=True,
+                          text=True, timeout=100, env={**clean, **env})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    assert sorted(p.name for p in copies.iterdir()) == before  # nothing written
