@@ -71,7 +71,7 @@ class Plan:
 #: The seed's split sizes at its batch of 120 (every one divides 120, as the library needs).
 SEED_SPLIT_SIZES = (1, 3, 5, 8, 10, 12, 20, 40, 60)
 
-# Quick: small images, under a minute. Full: the seed's sweep (128x128 images, batch 120);
+# Quick: small images and few cases. Full: the seed's sweep (128x128 images, batch 120);
 # the balanced cut is profiled at 20 samples, above the CPU's small-batch cliff.
 QUICK = Plan(64, 64, (16, 32), (16,), (16, 32), rounds=1, repeats=2)
 FULL = Plan(128, 120, SEED_SPLIT_SIZES, (20,), (20, 40), rounds=2, repeats=3)
