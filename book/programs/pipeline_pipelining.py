@@ -83,7 +83,7 @@ def main(args):
             loss = torch.stack(losses).mean()  # equal micro-batches: the mean of their losses
             worst = max(worst, abs(loss - reference_loss).item())
             line += f"; loss {loss.item():.6f} vs {reference_loss.item():.6f}"
-        print(line, flush=True)
+        print(line + "\n", end="", flush=True)  # one write, so the ranks' lines never mix
         optimizer.step()
         reference_optimizer.step()
     verdict = torch.tensor([worst <= args.tolerance], dtype=torch.int, device=device)

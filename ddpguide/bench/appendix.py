@@ -143,6 +143,21 @@ def ratio_table(report: dict):
     return HTML("".join(parts))
 
 
+def pipeline_sweep(report: dict | None):
+    """The split-size chart of a saved pipeline run (median step time, bars from the
+    fastest to the slowest step); says so instead when there is none to draw."""
+    if report is None or not any("split_size" in m.get("details", {}) for m in report["measurements"]):
+        print("No saved split-size sweep to draw.")
+        return None
+    import matplotlib.pyplot as plt
+
+    from ddpguide.bench.pipeline_report import plot_saved_sweep
+
+    fig = plot_saved_sweep(report)
+    plt.show()
+    return fig
+
+
 def summary_figure(results: dict[str, dict]):
     """One bar per ratio, grouped by suite (seconds-valued ratios on their own axis)."""
     import matplotlib.pyplot as plt

@@ -11,9 +11,14 @@ side by side, ResNet50 with random weights, channels-last, SGD:
 * one process with two threads (what the two cores give without pipelining).
 
 The one-process cases run on rank 0 while rank 1 waits; all cases run in
-interleaved rounds. The full run reproduces the seed's experiment (128x128
-images, batch 120); ``--quick`` uses 64x64 images and batch 64.
-``python -m ddpguide.bench.pipeline --image-size 224`` runs at full size.
+interleaved rounds, and each case reports the median of its timed steps with the
+fastest and slowest (the chart's error bars). The full run is the seed's sweep:
+ResNet50 on 128x128 images, batch 120, the 1F1B pipeline at the seed's cut for
+each of the seed's split sizes (:data:`SEED_SPLIT_SIZES`), 2 rounds x 3 timed
+steps per case. (The seed swept its one-process ``PipelineParallelResNet50`` on
+two GPUs; on a CPU only one process per stage overlaps, so that is what is swept.)
+``--quick`` uses 64x64 images, batch 64 and micro-batches of 16 and 32, one round
+of 2 steps. ``python -m ddpguide.bench.pipeline --image-size 224`` runs at full size.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ddpguide.bench.pipeline_report import (
     pipeline_rows,
     plot_sweep,
     seed_table,
+    spread,
     stage_times,
 )
 from ddpguide.bench.report import Report, check_report_file
@@ -63,10 +69,13 @@ class Plan:
                 *(Case("pipeline", "1f1b", s, BALANCED) for s in self.balanced_sizes)]
 
 
-# Quick: small images, under a minute. Full: the seed's experiment (128x128 images,
-# batch 120) with split sizes that divide the batch; 12 shows the small-batch cliff.
+#: The seed's split sizes at its batch of 120 (every one divides 120, as the library needs).
+SEED_SPLIT_SIZES = (1, 3, 5, 8, 10, 12, 20, 40, 60)
+
+# Quick: small images and few cases. Full: the seed's sweep (128x128 images, batch 120);
+# the balanced cut is profiled at 20 samples, above the CPU's small-batch cliff.
 QUICK = Plan(64, 64, (16, 32), (16,), (16, 32), rounds=1, repeats=2)
-FULL = Plan(128, 120, (12, 20, 30, 60), (20,), (20, 30), rounds=2, repeats=2)
+FULL = Plan(128, 120, SEED_SPLIT_SIZES, (20,), (20, 40), rounds=2, repeats=3)
 
 
 def make_plan(quick: bool, image_size: int | None = None, batch_size: int | None = None) -> Plan:
@@ -96,13 +105,15 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
     balanced, names, blocks = res["balanced"], res["block_names"], res["block_times"]
     t = {c.kind: res["seconds"][c] for c in BASELINES}
     rows = pipeline_rows(res)
+    ranges = {c.kind: (min(res["samples"][c]), max(res["samples"][c])) for c in BASELINES}
 
     report = Report("pipeline")
     case = (f"ResNet50 {plan.image_size}x{plan.image_size}, batch {plan.batch}, "
             f"{'channels-last' if channels_last else 'contiguous'}, SGD")
     single = t["single"]
     for c in BASELINES:
-        report.add(c.name(balanced), t[c.kind] * 1e3, "ms/step", case=case)
+        report.add(c.name(balanced), t[c.kind] * 1e3, "ms/step", case=case, kind=c.kind,
+                   **spread(res["samples"][c]))
     for r in rows:
         m = num_microbatches(plan.batch, r["split_size"])
         report.add(f"pipeline 2x1 {r['schedule']}, stage 1 from {r['split_point']}, micro-batch "
@@ -141,7 +152,7 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(7, 4))
-        plot_sweep(rows, t, case, plot_path, ax=fig.add_subplot())
+        plot_sweep(rows, t, case, plot_path, ax=fig.add_subplot(), baseline_ranges=ranges)
         report.notes.append(f"split-size trade-off plot: {Path(plot_path).resolve()}")
     return report
 

@@ -222,20 +222,19 @@ def measure(cases: list[Case], batch: int, image_size: int, rounds: int = 1, rep
             profile_size: int = 16, channels_last: bool = True) -> dict:
     """Run :func:`bench_worker` on 2 processes x 1 thread with :data:`MALLOC_ENV`.
 
-    Returns ``seconds``, a dict from case to seconds per step (a step lasts as long
-    as its slower rank; the median per round, then the best round), the block
-    times and names, and the balanced split point.
+    A step lasts as long as its slower rank. Returns ``samples``, a dict from case
+    to the seconds of every timed step (``rounds x repeats`` of them), ``seconds``,
+    their median, the block times and names, and the balanced split point.
     """
     per_rank = spawn(bench_worker, 2, cases, batch, image_size, rounds, repeats, profile_size,
                      channels_last, threads_per_rank=1, env=MALLOC_ENV, echo=False,
                      timeout=3600, collective_timeout=900)
-    seconds = {
-        case: min(statistics.median(max(ts) for ts in zip(*(r["times"][c][k] for r in per_rank)))
-                  for k in range(rounds))
+    samples = {
+        case: [max(ts) for k in range(rounds) for ts in zip(*(r["times"][c][k] for r in per_rank))]
         for c, case in enumerate(cases)
     }
     rank0 = per_rank[0]
-    return {"seconds": seconds, "block_times": rank0["block_times"],
-            "block_names": rank0["block_names"], "balanced": rank0["balanced"]}
-
-
+    return {"samples": samples,
+            "seconds": {case: statistics.median(ts) for case, ts in samples.items()},
+            "block_times": rank0["block_times"], "block_names": rank0["block_names"],
+            "balanced": rank0["balanced"]}

@@ -32,3 +32,23 @@ def test_a_suite_not_measured_yet_says_how_to_measure_it():
     assert provenance(None, "pipeline") == (
         "Not measured yet: run `python -m ddpguide.bench pipeline --json "
         "book/measurements/pipeline.json` (or `make bench`).")
+
+
+def test_the_pipeline_sweep_is_drawn_from_a_saved_report_or_said_missing(capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddpguide.bench.appendix import pipeline_sweep
+
+    assert pipeline_sweep(None) is None
+    assert capsys.readouterr().out == "No saved split-size sweep to draw.\n"
+    report = Report("pipeline")
+    report.add("1 process x 1 thread, whole model", 2000.0, "ms/step", case="c", kind="single",
+               seconds=2.0, low=1.9, high=2.2)
+    for size, seconds in ((20, 1.4), (60, 1.9)):
+        report.add(f"pipeline {size}", seconds * 1e3, "ms/step", case="c", schedule="1f1b",
+                   split_size=size, split_point="layer3.0", seconds=seconds, low=seconds - 0.1,
+                   high=seconds + 0.2)
+    fig = pipeline_sweep(json.loads(json.dumps(report.to_dict())))
+    line = fig.axes[0].containers[0].lines[0]
+    assert list(line.get_xdata()) == [20, 60] and list(line.get_ydata()) == [1.4, 1.9]
