@@ -1,0 +1,1 @@
+"""Sharding: ZeRO, FSDP2, tensor parallelism and checkpoints that reshard."""
