@@ -112,7 +112,7 @@ def check_equivalence(world_sizes: Sequence[int] = (2, 3), tolerance: float = TO
         results = spawn(equivalence, world, tuple(strategies), timeout=timeout, echo=False)
         for name in results[0]["max_diff"]:
             worst = max(r["max_diff"][name] for r in results)
-            rows.append({"ranks": world, "compared": name, "max |difference|": worst,
+            rows.append({"ranks": world, "compared": name, "largest difference": worst,
                          "within tolerance": worst <= tolerance})
     bad = [r for r in rows if not r["within tolerance"]]
     if bad:

@@ -137,6 +137,7 @@ def plot(records: Sequence[dict], rank: int = 0):
     ax.set_xticks(range(len(strategies)), [LABELS[s] for s in strategies])
     ax.set(ylabel=f"KiB per rank (rank {rank})",
            title="Model state per rank after one Adam step (float32)")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.2)  # room for the legend above the bars
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
     fig.tight_layout()
     return fig

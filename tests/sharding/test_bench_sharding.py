@@ -11,7 +11,7 @@ RATIOS = ("fsdp_state_over_ddp_4ranks", "fsdp_peak_over_ddp_4ranks", "zero1_stat
           "fsdp_step_over_ddp_2ranks", "hand_zero3_over_fsdp_2ranks")
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     from ddpguide.bench.__main__ import main
 

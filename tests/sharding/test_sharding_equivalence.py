@@ -96,6 +96,6 @@ def test_unknown_part_is_refused():
 def test_check_equivalence_reports_and_asserts():
     rows = checks.check_equivalence(world_sizes=(2,), strategies=("zero3_hand", "fsdp2"))
     assert [r["compared"] for r in rows] == ["zero3_hand", "fsdp2", "zero3_hand vs fsdp2"]
-    assert all(r["within tolerance"] and r["max |difference|"] <= TOLERANCE for r in rows)
+    assert all(r["within tolerance"] and r["largest difference"] <= TOLERANCE for r in rows)
     with pytest.raises(AssertionError, match="differences above 1e-30"):
         checks.check_equivalence(world_sizes=(2,), strategies=("ddp",), tolerance=1e-30)
