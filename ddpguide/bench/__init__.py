@@ -13,6 +13,7 @@ SUITES = {
     "elastic": "elastic recovery times (chapter 4)",
     "pipeline": "model and pipeline parallelism (chapter 5)",
     "amp": "mixed precision step time and memory (chapter 7)",
+    "sharding": "ZeRO-1, FSDP2 and ZeRO-3 by hand against DDP: memory and step time (chapter 8)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

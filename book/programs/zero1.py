@@ -1,0 +1,89 @@
+"""ZeRO stage 1: DDP for the gradients, ZeroRedundancyOptimizer for Adam's state.
+
+    torchrun --standalone --nproc-per-node=2 zero1.py
+
+Every rank keeps the whole model and, after DDP's all-reduce (P -> B), the
+whole gradient. Adam's two moments, 8 bytes per parameter in float32, are kept
+only by the rank that owns the parameter: ZeroRedundancyOptimizer gives each
+rank whole parameter tensors, about 1/N of them. After its local Adam step each
+rank broadcasts the parameters it owns, so all replicas stay equal. The program
+checks that against one process trained on the full batch.
+"""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+# float64 makes the comparison with one process tight (1e-12); training normally uses float32.
+torch.set_default_dtype(torch.float64)
+STEPS, BATCH, LR = 3, 12, 0.05
+
+
+def make_model():
+    torch.manual_seed(0)  # the same initial weights on every rank and in the reference
+    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def state_bytes(optimizer):
+    """Bytes of the tensors an optimizer keeps (Adam: exp_avg, exp_avg_sq, step)."""
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t))
+
+
+def main():
+    use_gpus = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_gpus else torch.device("cpu")
+    if use_gpus:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_gpus else "gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(BATCH, 6, generator=generator).to(device)
+    targets = torch.randn(BATCH, 3, generator=generator).to(device)
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's samples
+
+    model = DDP(make_model().to(device))
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()  # DDP all-reduces
+        optimizer.step()  # Adam on this rank's parameters, then a broadcast of each parameter
+
+    # optimizer.optim is the plain Adam that updates only this rank's parameters.
+    names = {id(p): name for name, p in model.module.named_parameters()}
+    owned = [names[id(p)] for group in optimizer.optim.param_groups for p in group["params"]]
+    print(f"[rank {rank}] owns {', '.join(owned)}: Adam state {state_bytes(optimizer.optim)} bytes",
+          flush=True)
+    dist.barrier()
+
+    # The same training in one process on the full batch, with plain Adam.
+    reference = make_model().to(device)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
+    for step in range(STEPS):
+        reference_optimizer.zero_grad()
+        nn.functional.mse_loss(reference(inputs), targets).backward()
+        reference_optimizer.step()
+    difference = max((p - q).abs().max().item()
+                     for p, q in zip(model.module.parameters(), reference.parameters()))
+    total = torch.tensor([state_bytes(optimizer.optim)], device=device)
+    dist.all_reduce(total)  # the ranks' shares add up to one full Adam state
+
+    ok = difference <= 1e-12 and total.item() == state_bytes(reference_optimizer)
+    if rank == 0:
+        print(f"one process keeps {state_bytes(reference_optimizer)} bytes of Adam state; "
+              f"the {world} ranks together keep {total.item()}")
+        print(f"check {'passed' if ok else 'FAILED'}: ZeRO-1 on {world} ranks equals one process "
+              f"on the full batch, max |difference| {difference:.1e} <= 1e-12")
+    dist.destroy_process_group()
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

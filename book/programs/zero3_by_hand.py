@@ -1,0 +1,160 @@
+"""ZeRO stage 3 by hand: what FSDP does, in plain torch.distributed.
+
+    torchrun --standalone --nproc-per-node=2 zero3_by_hand.py
+
+Each rank keeps a flat S(0) shard of every parameter: the parameter is
+flattened, padded with zeros to a multiple of the number of ranks, and rank r
+keeps the r-th piece. Adam sees only the shards. Hooks on each layer:
+
+* before its forward: all-gather the full parameters (S(0) -> B);
+* after its forward: free them (the shard stays);
+* when the gradient of its output arrives: all-gather them again for backward;
+* when a parameter's gradient is complete: reduce-scatter it into the shard's
+  gradient (P -> S(0)) and free the full gradient and parameter.
+"""
+
+import datetime
+import os
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# float64 makes the comparison with one process tight (1e-12); training normally uses float32.
+torch.set_default_dtype(torch.float64)
+STEPS, BATCH, LR = 3, 12, 0.05
+CALLS = Counter()  # collectives started, by name
+
+# torch 2.14 renamed the single-tensor collectives; older releases have only the old names.
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class ShardedParameter:
+    """One parameter stored as this rank's flat, padded piece; the full tensor only while in use."""
+
+    def __init__(self, param, rank, world):
+        self.param, self.world, self.numel = param, world, param.numel()
+        self.shard_numel = -(-self.numel // world)  # ceil(numel / world)
+        # `full` is the padded buffer the all-gather fills; the parameter is a view of it.
+        self.full = torch.zeros(self.shard_numel * world, device=param.device)
+        self.full[: self.numel] = param.detach().reshape(-1)
+        begin = rank * self.shard_numel
+        self.shard = nn.Parameter(self.full[begin:begin + self.shard_numel].clone())
+        param.data = self.full[: self.numel].view(param.shape)
+        self.free()
+
+    def gather(self):  # S(0) -> B
+        self.full.untyped_storage().resize_(self.full.numel() * self.full.element_size())
+        all_gather(self.full, self.shard.detach())
+        CALLS["all_gather"] += 1
+
+    def free(self):  # the parameter object stays (autograd holds it); its memory goes
+        self.full.untyped_storage().resize_(0)
+
+    def reduce_gradient(self):  # P -> S(0), averaged like DDP
+        padded = torch.zeros_like(self.full)
+        padded[: self.numel] = self.param.grad.reshape(-1)
+        shard_grad = torch.empty_like(self.shard)
+        reduce_scatter(shard_grad, padded, op=dist.ReduceOp.SUM)
+        CALLS["reduce_scatter"] += 1
+        self.shard.grad = shard_grad / self.world
+        self.param.grad = None
+        self.free()
+
+
+def shard_model(model, rank, world):
+    """Replace every layer's parameters by shards and hook the layer; returns the shards."""
+    shards = []
+    for layer in model.modules():
+        own = [ShardedParameter(p, rank, world) for p in layer.parameters(recurse=False)]
+        if not own:
+            continue
+        shards += own
+
+        def before_forward(layer, args, own=own):
+            for s in own:
+                s.gather()
+
+        def after_forward(layer, args, output, own=own):
+            for s in own:
+                s.free()
+            # runs when the output's gradient is ready, just before this layer's backward
+            output.register_hook(lambda grad: [s.gather() for s in own] and None)
+
+        layer.register_forward_pre_hook(before_forward)
+        layer.register_forward_hook(after_forward)
+        for s in own:
+            s.param.register_post_accumulate_grad_hook(lambda param, s=s: s.reduce_gradient())
+    return shards
+
+
+def make_model():
+    torch.manual_seed(0)  # the same initial weights on every rank and in the reference
+    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def main():
+    use_gpus = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_gpus else torch.device("cpu")
+    if use_gpus:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_gpus else "gloo", timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(BATCH, 6, generator=generator).to(device)
+    targets = torch.randn(BATCH, 3, generator=generator).to(device)
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's samples
+
+    model = make_model().to(device)
+    names = [name for name, _ in model.named_parameters()]
+    shards = shard_model(model, rank, world)
+    for name, s in zip(names, shards):
+        padding = s.shard_numel * world - s.numel
+        print(f"[rank {rank}] {name:8s} {s.numel:3d} elements -> shard of {s.shard_numel}"
+              + (f" (the flat tensor ends with {padding} zero{'s' * (padding > 1)} of padding)"
+                 if padding else ""),
+              flush=True)
+    dist.barrier()
+
+    optimizer = torch.optim.Adam([s.shard for s in shards], lr=LR)
+    for step in range(STEPS):
+        CALLS.clear()
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()
+        optimizer.step()  # Adam on the shards only
+    one_step = dict(CALLS)
+    held = sum(s.full.untyped_storage().nbytes() for s in shards)
+    shard_bytes = sum(s.shard.numel() * s.shard.element_size() for s in shards)
+
+    # The full parameters, gathered one last time, against one process on the full batch.
+    reference = make_model().to(device)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
+    for step in range(STEPS):
+        reference_optimizer.zero_grad()
+        nn.functional.mse_loss(reference(inputs), targets).backward()
+        reference_optimizer.step()
+    difference = 0.0
+    for s, q in zip(shards, reference.parameters()):
+        s.gather()
+        difference = max(difference, (s.param - q).abs().max().item())
+        s.free()
+
+    if rank == 0:
+        print(f"collectives of one step: {one_step} "
+              f"(one all-gather per parameter in forward and one in backward, one reduce-scatter)")
+        print(f"between steps rank 0 holds {shard_bytes} bytes of shards and {held} bytes of full "
+              "parameters")
+    ok = difference <= 1e-12 and held == 0
+    if rank == 0:
+        print(f"check {'passed' if ok else 'FAILED'}: ZeRO-3 by hand on {world} ranks equals one "
+              f"process on the full batch, max |difference| {difference:.1e} <= 1e-12")
+    dist.destroy_process_group()
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Checks of the sharding chapter: equal to one process, and the collectives of one step.
+
+Workers (:func:`equivalence`, :func:`collectives`) run on every rank of a
+:func:`ddpguide.launch.spawn`; :func:`check_equivalence` starts them and raises
+unless every strategy ends with the weights of one process trained on the full
+batch, within the tolerance it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+
+from ddpguide.sbp.boxing_by_hand import collective_names
+from ddpguide.launch.spawn import spawn
+from ddpguide.sharding.memory import measure
+from ddpguide.sharding.strategies import build, check_strategy, mlp
+from ddpguide.sharding.zero3 import ShardedModel
+
+# Linear(6, 10), Linear(10, 5), Linear(5, 3): 10 and 5 rows do not split evenly over 3
+# (or 5 and 3 over 2) ranks, and 10, 5 and 3 elements need padding in flat shards.
+EQUIVALENCE_WIDTHS = (6, 10, 5, 3)
+SHARDED = ("ddp", "zero1", "zero2_hand", "zero3_hand", "fsdp2")
+TOLERANCE = 1e-12
+BATCH = 12  # divisible by 1, 2, 3 and 4 ranks: every rank gets the same number of samples
+
+
+def _quiet() -> None:
+    # FSDP2 warns that a wrapped Sequential returns a view (an in-place change of the output
+    # would skip its backward hook); no check changes an output in place.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    logging.getLogger("torch.distributed").setLevel(logging.ERROR)
+
+
+def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _data(seed: int, batch: int, widths: Sequence[int], dtype: torch.dtype):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, widths[0], generator=generator, dtype=dtype),
+            torch.randn(batch, widths[-1], generator=generator, dtype=dtype))
+
+
+def equivalence(strategies: Sequence[str] = SHARDED, steps: int = 3, lr: float = 0.05,
+                batch: int = BATCH, seed: int = 0, widths: Sequence[int] = EQUIVALENCE_WIDTHS) -> dict:
+    """On each rank: train every strategy on this rank's slice of the batch, in float64.
+
+    The reference, one process on the full batch, is trained on every rank (it
+    is small). Returns the largest difference of each strategy's full
+    parameters to the reference, the hand-written ZeRO-3 against ``fully_shard``,
+    and each strategy's local parameter shapes on this rank.
+    """
+    _quiet()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dtype = torch.float64
+    inputs, targets = _data(seed, batch, widths, dtype)
+    mine = slice(rank * batch // world, (rank + 1) * batch // world)
+    torch.manual_seed(seed)
+    initial = mlp(tuple(widths), dtype=dtype).state_dict()
+
+    def trained(name: str, x: torch.Tensor, y: torch.Tensor):
+        model = mlp(tuple(widths), dtype=dtype)
+        model.load_state_dict(initial)
+        trainer = build(name, model, lr=lr)
+        for _ in range(steps):
+            trainer.step(x, y, nn.functional.mse_loss)
+        return trainer
+
+    reference = trained("single", inputs, targets).full_state()
+    out: dict = {"world_size": world, "rank": rank, "max_diff": {}, "local_shapes": {}}
+    finals = {}
+    for name in strategies:
+        check_strategy(name)
+        trainer = trained(name, inputs[mine], targets[mine])
+        finals[name] = trainer.full_state()
+        out["max_diff"][name] = _diff(finals[name], reference)
+        out["local_shapes"][name] = _local_shapes(trainer)
+        dist.barrier()
+    if "zero3_hand" in finals and "fsdp2" in finals:
+        out["max_diff"]["zero3_hand vs fsdp2"] = _diff(finals["zero3_hand"], finals["fsdp2"])
+    return out
+
+
+def _local_shapes(trainer) -> dict[str, tuple]:
+    if trainer.sharded is not None:
+        return {s.name: tuple(s.shard.shape) for s in trainer.sharded.shards}
+    return {name: tuple(p.to_local().shape if isinstance(p, DTensor) else p.shape)
+            for name, p in zip(trainer.names, trainer.model.parameters())}
+
+
+def check_equivalence(world_sizes: Sequence[int] = (2, 3), tolerance: float = TOLERANCE,
+                      strategies: Sequence[str] = SHARDED, timeout: float = 240.0) -> list[dict]:
+    """Spawn each world size, run :func:`equivalence`, and assert every difference <= ``tolerance``.
+
+    Returns one row per (world size, comparison) with the largest difference over ranks.
+    """
+    for world in world_sizes:
+        if not isinstance(world, int) or world < 1:
+            raise ValueError(f"world size must be a positive integer, got {world!r}")
+        if BATCH % world:
+            raise ValueError(f"world size {world} does not divide the batch of {BATCH} samples")
+    for name in strategies:
+        check_strategy(name)
+    rows = []
+    for world in world_sizes:
+        results = spawn(equivalence, world, tuple(strategies), timeout=timeout, echo=False)
+        for name in results[0]["max_diff"]:
+            worst = max(r["max_diff"][name] for r in results)
+            rows.append({"ranks": world, "compared": name, "largest difference": worst,
+                         "within tolerance": worst <= tolerance})
+    bad = [r for r in rows if not r["within tolerance"]]
+    if bad:
+        raise AssertionError(f"differences above {tolerance:g}: {bad}")
+    return rows
+
+
+PHASES = ("forward", "backward", "optimizer.step")
+
+
+def collectives(strategies: Sequence[str] = SHARDED, fsdp_keep_after_forward: bool = True,
+                widths: Sequence[int] = EQUIVALENCE_WIDTHS, seed: int = 0) -> dict[str, dict]:
+    """On each rank: the collectives of one training step, per phase, from ``CommDebugMode``.
+
+    The step measured is the third: the first creates the optimizer state and
+    DDP rebuilds its buckets at the start of the second (two broadcasts). ``fsdp_keep_after_forward`` adds FSDP2 with
+    ``reshard_after_forward=False`` as ``fsdp2 (keep)``.
+    """
+    _quiet()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    inputs, targets = _data(seed, BATCH, widths, torch.float32)
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    cases = [(name, name, True) for name in strategies]
+    if fsdp_keep_after_forward:
+        cases.append(("fsdp2 (keep)", "fsdp2", False))
+    out = {}
+    for label, name, reshard in cases:
+        torch.manual_seed(seed)
+        trainer = build(name, mlp(tuple(widths)), reshard_after_forward=reshard)
+        for _ in range(2):
+            trainer.step(inputs[mine], targets[mine], nn.functional.mse_loss)
+        counts = {}
+        trainer.optimizer.zero_grad(set_to_none=True)
+        with CommDebugMode() as mode:
+            loss = nn.functional.mse_loss(trainer.model(inputs[mine]), targets[mine])
+        counts["forward"] = collective_names(mode.get_comm_counts())
+        with CommDebugMode() as mode:
+            loss.backward()
+        counts["backward"] = collective_names(mode.get_comm_counts())
+        with CommDebugMode() as mode:
+            trainer.optimizer.step()
+        counts["optimizer.step"] = collective_names(mode.get_comm_counts())
+        out[label] = counts
+        dist.barrier()
+    return out
+
+
+class _Tied(nn.Module):
+    """Two layers that share one weight (as tied embeddings do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+
+def _error(action) -> tuple[str, str]:
+    try:
+        action()
+    except Exception as exc:  # the message is the result
+        return type(exc).__name__, str(exc)
+    return "no error", ""
+
+
+def refusals() -> dict[str, tuple[str, str]]:
+    """What the hand-written ZeRO-3 and :func:`build` say to models they cannot take."""
+    return {
+        "shared parameter": _error(lambda: ShardedModel(_Tied())),
+        "no parameters": _error(lambda: ShardedModel(nn.Sequential(nn.ReLU()))),
+        "unknown strategy": _error(lambda: build("zero4", mlp((2, 2)))),
+    }
+
+
+PARTS = {"equivalence": equivalence, "collectives": collectives, "memory": measure,
+         "refusals": refusals}
+
+
+def check_parts(parts: Sequence[str]) -> list[str]:
+    """``parts`` if every name is a part of :data:`PARTS` (call before spawning)."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"unknown part {unknown[0]!r}; choose from {', '.join(sorted(PARTS))}")
+    return list(parts)
+
+
+def run_parts(parts: Sequence[str]) -> dict:
+    """Several parts in one spawn (starting the ranks costs more than the parts)."""
+    return {part: PARTS[part]() for part in check_parts(parts)}
+
