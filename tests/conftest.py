@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from process_guard import guard
 
@@ -31,3 +33,15 @@ def spawned(request):
         return cache[world]
 
     return results
+
+
+@pytest.fixture
+def unwritable_directory() -> tuple[str, str]:
+    """A directory nobody may create files in, root included (``/sys``), and the reason
+    the kernel gives; the test is skipped where it is writable."""
+    directory = "/sys"
+    try:
+        os.close(os.open(f"{directory}/ddpguide-probe", os.O_CREAT | os.O_WRONLY, 0o600))
+    except OSError as exc:
+        return directory, exc.strerror
+    pytest.skip(f"{directory} is writable here")

@@ -142,14 +142,8 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(files, no_traini
         assert snapshot(files) == before, argv
 
 
-def test_unwritable_places_are_refused_before_training(no_training, capsys):
-    directory = "/sys"  # a kernel file system: nobody, root included, creates files here
-    try:
-        os.close(os.open(f"{directory}/ddpguide-probe", os.O_CREAT | os.O_WRONLY, 0o600))
-    except OSError as exc:
-        reason = exc.strerror
-    else:
-        pytest.skip(f"{directory} is writable here")
+def test_unwritable_places_are_refused_before_training(no_training, capsys, unwritable_directory):
+    directory, reason = unwritable_directory
     for argv, message in [
         (["--checkpoint", f"{directory}/ck.pt"],
          f"--checkpoint: checkpoint directory {directory} is not writable ({reason})"),
