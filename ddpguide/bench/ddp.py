@@ -38,6 +38,9 @@ from ddpguide.launch.spawn import spawn
 
 BATCH = 256
 TOY_BATCH = 64
+#: The suite measures CPU cores (threads, processes sharing them), also on a machine
+#: with GPUs, where the processes would otherwise get nccl and a GPU each.
+ON_CPU = {"backend": "gloo", "device_type": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def _measure(kind: str, batch: int, processes: int, threads: int, variant: str |
     warmup = 20 if kind == "toy" else settings.warmup
     per_rank = spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
                      settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
-                     timeout=600)
+                     timeout=600, **ON_CPU)
     return max(per_rank)  # the group is as fast as its slowest rank
 
 
@@ -163,7 +166,7 @@ def run(quick: bool = False) -> Report:
     variants = supported_variants()
     (inter,) = spawn(interleaved_worker, 1, "convnet", BATCH, settings.step_rounds,
                      settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV, echo=False,
-                     timeout=600)
+                     timeout=600, **ON_CPU)
     steps = inter["times"]
     processes = measure_processes(settings)
 
@@ -171,7 +174,7 @@ def run(quick: bool = False) -> Report:
     for name, values in per_round_ratios(steps, processes).items():
         report.add_ratio(name, values)
 
-    case = f"ConvNet 28x28, batch {BATCH} per rank, 1 thread per process unless named"
+    case = f"ConvNet 28x28, batch {BATCH} per rank, CPU and gloo, 1 thread per process unless named"
     for name in steps["wall"]:
         label = "plain loop" if name == "plain" else f"DDP 1 rank, {name}"
         report.add(f"{label} (interleaved)", statistics.median(steps["wall"][name]) * 1e3,
