@@ -23,6 +23,7 @@ ratio is the median of its per-round values.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -163,6 +164,7 @@ def verdict(spreads: dict[str, dict[str, float]]) -> list[str]:
 def run(quick: bool = False) -> Report:
     """Measure every case and return the report (see the module docstring)."""
     settings = QUICK if quick else FULL
+    load_before = os.getloadavg()[0]
     variants = supported_variants()
     (inter,) = spawn(interleaved_worker, 1, "convnet", BATCH, settings.step_rounds,
                      settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV, echo=False,
@@ -194,6 +196,10 @@ def run(quick: bool = False) -> Report:
                    rounds=len(values))
 
     report.notes += verdict(report.spreads)
+    report.notes.append(
+        f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+        f"{os.cpu_count()} cores: when it exceeds the cores, other programs take turns on them "
+        "and wall times swell; the CPU-time ratio (ddp1_over_plain_cpu) suffers least.")
     report.notes.append("each ratio is the median of its per-round values, followed by their "
                         "interquartile range and range; definitions (t: seconds per step, "
                         "same batch per rank):")
