@@ -30,12 +30,26 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "plain_ring_over_gloo_1mb_4ranks": Anchor("one-message-per-step ring / gloo, 1 MB, 4 ranks", "1.74", ""),
     },
     "ddp": {
-        "ddp1_over_plain": Anchor("DDP with 1 rank / plain loop, time", "1.07 (measured before)", "<= 1.03"),
-        "ddp2_speedup": Anchor("2 ranks / 1 rank, throughput, ConvNet", "1.70-1.78 at batch 256", ">= 1.75"),
+        "ddp2_over_plain": Anchor("DDP 2 ranks x 1 thread / plain loop 1 x 1, throughput (headline)",
+                                  "1.70, 1.63 (measured before)", ">= 0.97 x independent2_speedup"),
+        "independent2_speedup": Anchor("2 independent plain processes / 1, throughput",
+                                       "1.70, 1.71 (2.0 if the cores shared nothing)", ""),
+        "ddp2_over_independent2": Anchor("ddp2_over_plain / independent2_speedup", "", ">= 0.97"),
+        "ddp1_over_plain": Anchor("DDP 1 rank / plain loop, time, interleaved step by step in one process",
+                                  "1.02-1.07 (interleaved, measured before)", "<= 1.03"),
+        "ddp1_over_plain_cpu": Anchor("the same, CPU time of the process", "", "<= 1.03"),
+        "ddp1_over_plain_separate": Anchor("the same, each case in its own process",
+                                           "1.122, 1.140 (measured before)", ""),
+        "ddp1_over_plain_no_buffer_sync": Anchor("DDP forward_sync_buffers=False / plain, time", "", ""),
+        "ddp1_over_plain_bucket_view": Anchor("DDP gradient_as_bucket_view=True / plain, time", "", ""),
+        "ddp1_over_plain_static_graph": Anchor("DDP static_graph=True / plain, time", "", ""),
+        "ddp1_over_plain_batched_copy": Anchor("DDP batched_grad_copy=True / plain, time", "", ""),
+        "ddp1_over_plain_all_flags": Anchor("DDP with all four options / plain, time",
+                                            "0.93-1.03 (two of the options, before)", ""),
+        "ddp2_speedup": Anchor("2 ranks / DDP on 1 rank, throughput, ConvNet", "1.70-1.78 at batch 256", ""),
+        "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "", ""),
         "ddp2_speedup_toy": Anchor("2 ranks / 1 rank, throughput, toy model",
                                    "0.74 on 2 GPUs for a small CNN (22.72 s vs 30.82 s)", "< 1: overhead wins"),
-        "independent2_speedup": Anchor("2 independent processes / 1", "2.0 (hardware bound)", ""),
-        "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "", ""),
     },
     "elastic": {
         "join_s": Anchor("a node joins: s to first resumed step", "8.4 s (tuned, before)", "<= 6 s"),
@@ -113,12 +127,22 @@ def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:
     return [(name, value, anchors.get(name, Anchor(name, "", ""))) for name, value in report["ratios"].items()]
 
 
+def spread_text(report: dict, name: str) -> str:
+    """A ratio's spread over rounds as the table shows it ("" for a ratio measured once)."""
+    spread = report.get("spreads", {}).get(name)
+    if not spread or spread["n"] < 2:
+        return ""
+    return (f"IQR {spread['q1']:.3f}-{spread['q3']:.3f}, range {spread['min']:.3f}-"
+            f"{spread['max']:.3f} ({spread['n']} rounds)")
+
+
 MAX_MEASUREMENT_ROWS = 14
 
 
 def ratio_table(report: dict):
     """HTML tables: the suite's ratios beside their anchors, then its measurements.
 
+    A ratio measured over rounds shows its spread (interquartile range and range).
     A suite with many measurements (the all-reduce sweep) shows only its ratios
     here; its table printed by ``python -m ddpguide.bench`` has every size.
     """
@@ -128,9 +152,12 @@ def ratio_table(report: dict):
         return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
 
     style = '<div style="overflow-x:auto; font-size:0.85em">'
-    parts = [style, "<table>", row(["ratio", "this machine", "meaning", "anchor", "goal"], "th")]
+    spreads = any(spread_text(report, name) for name in report["ratios"])
+    head = ["ratio", "this machine", *(["spread"] if spreads else []), "meaning", "anchor", "goal"]
+    parts = [style, "<table>", row(head, "th")]
     for name, value, anchor in ratio_rows(report):
-        parts.append(row([name, f"{value:.3f}", anchor.meaning, anchor.reference, anchor.goal]))
+        spread = [spread_text(report, name)] if spreads else []
+        parts.append(row([name, f"{value:.3f}", *spread, anchor.meaning, anchor.reference, anchor.goal]))
     parts.append("</table></div>")
     measurements = report["measurements"]
     if len(measurements) <= MAX_MEASUREMENT_ROWS:
@@ -159,20 +186,27 @@ def pipeline_sweep(report: dict | None):
 
 
 def summary_figure(results: dict[str, dict]):
-    """One bar per ratio, grouped by suite (seconds-valued ratios on their own axis)."""
+    """One bar per ratio, grouped by suite (seconds-valued ratios on their own axis); a
+    ratio measured over rounds has a line from its smallest to its largest value."""
     import matplotlib.pyplot as plt
 
-    unitless = [(f"{suite}: {n}", v) for suite, r in results.items() for n, v in r["ratios"].items()
+    def bar(label: str, report: dict, name: str) -> tuple[str, float, float, float]:
+        value = report["ratios"][name]
+        spread = report.get("spreads", {}).get(name) or {"min": value, "max": value}
+        return label, value, value - spread["min"], spread["max"] - value
+
+    unitless = [bar(f"{suite}: {n}", r, n) for suite, r in results.items() for n in r["ratios"]
                 if not n.endswith("_s")]
-    seconds = [(n, v) for r in results.values() for n, v in r["ratios"].items() if n.endswith("_s")]
+    seconds = [bar(n, r, n) for r in results.values() for n in r["ratios"] if n.endswith("_s")]
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * max(len(unitless), len(seconds), 4) + 1.5),
                              gridspec_kw={"width_ratios": [3, 2]})
     for ax, rows, label in ((axes[0], unitless, "ratio"), (axes[1], seconds, "seconds")):
         if not rows:
             ax.set_visible(False)
             continue
-        names, values = zip(*rows)
-        ax.barh(range(len(values)), values, color="tab:blue")
+        names, values, below, above = zip(*rows)
+        ax.barh(range(len(values)), values, xerr=[below, above], color="tab:blue",
+                error_kw={"ecolor": "black", "lw": 1, "capsize": 2})
         ax.set_yticks(range(len(values)), names, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(label)

@@ -1,123 +1,210 @@
-"""``python -m ddpguide.bench ddp``: what DDP costs and what it buys on this machine.
+"""``python -m ddpguide.bench ddp``: how much faster than the plain script, and what DDP costs.
 
-Side by side in one run, with the same allocator settings everywhere:
+The reader's question is "how much faster than my plain training script is DDP on two
+ranks?": the headline ``ddp2_over_plain``, read against what two cores can give at best
+(``independent2_speedup``: two plain processes that never communicate).
 
-* the plain loop vs the same loop wrapped in DDP with one rank (overhead);
-* 2 ranks x 1 thread vs 1 rank x 1 thread at the same per-rank batch (scaling);
-* 1 rank x 2 threads, and two independent processes that never communicate
-  (the hardware bound: what two cores can do at best);
-* the toy model, where communication and bookkeeping dominate the tiny compute.
+DDP's own cost on one rank (``ddp1_over_plain``) is measured two ways:
+
+* **interleaved**, the figure the suite trusts: one process on a one-rank group holds
+  the plain loop and DDP, and alternates them step by step (:mod:`.ddp_steps`). Both
+  cases share the allocator, the core and every moment of the machine's noise; each
+  round gives one ratio, and the spread over rounds is printed beside the median. DDP's
+  options that can make it cheaper are measured in the same rounds, each alone and all
+  together;
+* **separate processes**, as the suite first did: one process per case, one median per
+  process, one ratio per round of processes. It adds the differences between two
+  processes (where their memory lands, which core, what ran just before) to DDP's cost.
+
+Every case of several processes (2 ranks, 2 independent processes, 2 threads, the toy
+model) runs in its own processes, in rounds with the order rotated each round; every
+ratio is the median of its per-round values.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
-import time
+from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
+from ddpguide.bench.ddp_steps import (
+    ddp_options,
+    interleaved_worker,
+    rotated,
+    step_time_worker,
+    supported_variants,
+)
 from ddpguide.bench.report import MALLOC_ENV, Report
-from ddpguide.core.models import ConvNet, ToyModel
 from ddpguide.launch.spawn import spawn
 
-CASES = {
-    # name: (model factory kwargs, input shape per sample, classes)
-    "convnet": ("convnet", (1, 28, 28)),
-    "toy": ("toy", (10,)),
+BATCH = 256
+TOY_BATCH = 64
+#: The suite measures CPU cores (threads, processes sharing them), also on a machine
+#: with GPUs, where the processes would otherwise get nccl and a GPU each.
+ON_CPU = {"backend": "gloo", "device_type": "cpu"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much each measurement repeats."""
+
+    step_rounds: int     # interleaved rounds: one step of every case each
+    warmup: int          # untimed steps before any timing
+    process_rounds: int  # rounds of the separate-process cases
+    steps: int           # steps per timed block in a separate process
+    repeats: int         # timed blocks per process (the process reports their median)
+    toy_steps: int       # the same for the toy model, whose step takes microseconds
+
+
+QUICK = Settings(step_rounds=12, warmup=2, process_rounds=1, steps=3, repeats=1, toy_steps=200)
+FULL = Settings(step_rounds=60, warmup=3, process_rounds=5, steps=8, repeats=3, toy_steps=1000)
+
+#: Cases timed in their own processes: model, batch per rank, processes, threads per
+#: process, DDP variant (None: the plain loop; two plain processes never communicate).
+PROCESS_CASES: dict[str, tuple[str, int, int, int, str | None]] = {
+    "plain": ("convnet", BATCH, 1, 1, None),
+    "ddp1": ("convnet", BATCH, 1, 1, "ddp"),
+    "ddp2": ("convnet", BATCH, 2, 1, "ddp"),
+    "independent": ("convnet", BATCH, 2, 1, None),
+    "threads2": ("convnet", BATCH, 1, 2, None),
+    "toy1": ("toy", TOY_BATCH, 1, 1, "ddp"),
+    "toy2": ("toy", TOY_BATCH, 2, 1, "ddp"),
+}
+
+#: What each ratio is, as the report's notes state it. ``t`` is seconds per step with
+#: the same batch per rank, so N ranks process N times the samples per step.
+DEFINITIONS = {
+    "ddp2_over_plain": "2 t_plain / t_ddp2: samples/s of DDP on 2 ranks x 1 thread over the plain "
+                       "loop in 1 process x 1 thread (the headline)",
+    "independent2_speedup": "2 t_plain / t_independent: 2 plain processes that never communicate "
+                            "over 1 (what 2 cores give at best)",
+    "ddp2_over_independent2": "t_independent / t_ddp2 = ddp2_over_plain / independent2_speedup "
+                              "(the share of the machine's bound DDP reaches)",
+    "ddp1_over_plain": "t_ddp / t_plain, DDP on a 1-rank group over the plain loop, per step, "
+                       "interleaved in one process, wall time (1.0 = no overhead)",
+    "ddp1_over_plain_cpu": "the same with the process's CPU time per step",
+    "ddp1_over_plain_separate": "t_ddp1 / t_plain with each case in its own process",
+    "ddp1_over_plain_<option>": "DDP with that option over the plain loop, interleaved, wall time",
+    "ddp2_speedup": "2 t_ddp1 / t_ddp2: 2 ranks over DDP on 1 rank (any 1-rank overhead inflates it)",
+    "threads2_speedup": "t_plain / t_threads2: 1 process x 2 threads over 1 thread",
+    "ddp2_speedup_toy": "2 t_toy1 / t_toy2: the same for the toy model (communication dominates)",
 }
 
 
-def _model(kind: str) -> nn.Module:
-    return ConvNet() if kind == "convnet" else ToyModel()
-
-
-def step_time_worker(kind: str, batch: int, steps: int, warmup: int, use_ddp: bool,
-                     repeats: int = 3) -> float:
-    """Median seconds per training step on this rank (synthetic data, SGD)."""
-    torch.manual_seed(0)
-    model = _model(kind)
-    if use_ddp:
-        model = DDP(model)
-    shape = CASES[kind][1]
-    inputs = torch.randn(batch, *shape)
-    if kind == "convnet":
-        targets = torch.randint(0, 10, (batch,))
-        loss_fn: nn.Module = nn.CrossEntropyLoss()
-    else:
-        targets = torch.randn(batch, 5)
-        loss_fn = nn.MSELoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def one_step():
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), targets).backward()
-        optimizer.step()
-
-    for _ in range(warmup):
-        one_step()
-    samples = []
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            one_step()
-        samples.append((time.perf_counter() - start) / steps)
-    return statistics.median(samples)
-
-
-def _measure(kind: str, batch: int, world_size: int, threads: int, use_ddp: bool,
-             steps: int, warmup: int) -> float:
-    per_rank = spawn(step_time_worker, world_size, kind, batch, steps, warmup, use_ddp,
-                     threads_per_rank=threads, env=MALLOC_ENV, echo=False, timeout=600)
+def _measure(kind: str, batch: int, processes: int, threads: int, variant: str | None,
+             settings: Settings) -> float:
+    steps = settings.toy_steps if kind == "toy" else settings.steps
+    warmup = 20 if kind == "toy" else settings.warmup
+    per_rank = spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
+                     settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
+                     timeout=600, **ON_CPU)
     return max(per_rank)  # the group is as fast as its slowest rank
 
 
-def run(quick: bool = False) -> Report:
-    """Measure every case and return the report (see the module docstring).
+def measure_processes(settings: Settings) -> dict[str, list[float]]:
+    """Seconds per step of each of :data:`PROCESS_CASES`, once per round, in round order."""
+    names = list(PROCESS_CASES)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(settings.process_rounds):
+        for name in rotated(names, r):
+            times[name].append(_measure(*PROCESS_CASES[name], settings))
+    return times
 
-    The cases run in interleaved rounds (A B C ... A B C ...) and each reports
-    its median over rounds, so a burst of load from elsewhere hits every case
-    alike instead of one of them.
+
+def per_round_ratios(steps: dict[str, dict[str, list[float]]],
+                     processes: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Every ratio's value in each round (:data:`DEFINITIONS`), the headline first.
+
+    ``steps`` is :func:`.ddp_steps.interleave`'s ``{clock: {case: seconds per round}}``
+    with the plain loop as ``plain`` and DDP's variants by name; ``processes`` is
+    :func:`measure_processes`'s ``{case: seconds per round}``.
     """
-    report = Report("ddp")
-    batch = 256
-    steps, warmup, rounds = (3, 1, 1) if quick else (8, 2, 3)
-    toy_steps = 200 if quick else 1000
-    cases = {
-        "plain": ("convnet", batch, 1, 1, False, steps, warmup),
-        "ddp1": ("convnet", batch, 1, 1, True, steps, warmup),
-        "ddp2": ("convnet", batch, 2, 1, True, steps, warmup),
-        "threads2": ("convnet", batch, 1, 2, False, steps, warmup),
-        "independent": ("convnet", batch, 2, 1, False, steps, warmup),
-        "toy1": ("toy", 64, 1, 1, True, toy_steps, 20),
-        "toy2": ("toy", 64, 2, 1, True, toy_steps, 20),
+    def each(numerator: list[float], denominator: list[float], scale: float = 1.0) -> list[float]:
+        return [scale * a / b for a, b in zip(numerator, denominator, strict=True)]
+
+    p, wall, cpu = processes, steps["wall"], steps["cpu"]
+    ratios = {
+        "ddp2_over_plain": each(p["plain"], p["ddp2"], 2),
+        "independent2_speedup": each(p["plain"], p["independent"], 2),
+        "ddp2_over_independent2": each(p["independent"], p["ddp2"]),
+        "ddp1_over_plain": each(wall["ddp"], wall["plain"]),
+        "ddp1_over_plain_cpu": each(cpu["ddp"], cpu["plain"]),
+        "ddp1_over_plain_separate": each(p["ddp1"], p["plain"]),
     }
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, args in cases.items():
-            samples[name].append(_measure(*args))
-    t = {name: statistics.median(values) for name, values in samples.items()}
+    for variant in wall:
+        if variant not in ("plain", "ddp"):
+            ratios[f"ddp1_over_plain_{variant}"] = each(wall[variant], wall["plain"])
+    ratios["ddp2_speedup"] = each(p["ddp1"], p["ddp2"], 2)
+    ratios["threads2_speedup"] = each(p["plain"], p["threads2"])
+    ratios["ddp2_speedup_toy"] = each(p["toy1"], p["toy2"], 2)
+    return ratios
 
-    case = f"ConvNet 28x28, batch {batch} per rank"
-    report.add("plain loop, 1 process x 1 thread", t["plain"] * 1e3, "ms/step", case=case)
-    report.add("DDP, 1 rank x 1 thread", t["ddp1"] * 1e3, "ms/step", case=case)
-    report.add("DDP, 2 ranks x 1 thread", t["ddp2"] * 1e3, "ms/step", case=case)
-    report.add("plain loop, 1 process x 2 threads", t["threads2"] * 1e3, "ms/step", case=case)
-    report.add("2 independent processes x 1 thread", t["independent"] * 1e3, "ms/step", case=case)
-    toy_case = "ToyModel, batch 64 per rank"
-    report.add("toy model, DDP 1 rank", t["toy1"] * 1e6, "us/step", case=toy_case)
-    report.add("toy model, DDP 2 ranks", t["toy2"] * 1e6, "us/step", case=toy_case)
 
-    report.ratios["ddp1_over_plain"] = t["ddp1"] / t["plain"]
-    report.ratios["ddp2_speedup"] = 2 * t["ddp1"] / t["ddp2"]
-    report.ratios["threads2_speedup"] = t["plain"] / t["threads2"]
-    report.ratios["independent2_speedup"] = 2 * t["plain"] / t["independent"]
-    report.ratios["ddp2_speedup_toy"] = 2 * t["toy1"] / t["toy2"]
+def verdict(spreads: dict[str, dict[str, float]]) -> list[str]:
+    """The notes that read the figures: the headline, and whether the two ways of timing
+    DDP's cost on one rank agree (each median inside the other's range)."""
+    head, bound = spreads["ddp2_over_plain"], spreads["independent2_speedup"]
+    inter, apart = spreads["ddp1_over_plain"], spreads["ddp1_over_plain_separate"]
+    agree = (apart["min"] <= inter["median"] <= apart["max"]
+             and inter["min"] <= apart["median"] <= inter["max"])
+    return [
+        f"headline: DDP on 2 ranks x 1 thread trains {head['median']:.2f}x the samples/s of the "
+        f"plain loop (1 process x 1 thread); two independent processes reach "
+        f"{bound['median']:.2f}x, the bound of this machine.",
+        f"DDP's cost on 1 rank: interleaved {inter['median']:.3f} (IQR {inter['q1']:.3f}-"
+        f"{inter['q3']:.3f} over {inter['n']} rounds), separate processes {apart['median']:.3f} "
+        f"(range {apart['min']:.3f}-{apart['max']:.3f} over {apart['n']} rounds): "
+        + ("they agree." if agree else "they disagree."),
+        "trusted: the interleaved figure. Its cases share one process, allocator, core and "
+        "every moment of noise, and each of its many rounds is a ratio of neighbouring steps; "
+        "the separate-process figure also holds the differences between two processes.",
+    ]
+
+
+def run(quick: bool = False) -> Report:
+    """Measure every case and return the report (see the module docstring)."""
+    settings = QUICK if quick else FULL
+    load_before = os.getloadavg()[0]
+    variants = supported_variants()
+    (inter,) = spawn(interleaved_worker, 1, "convnet", BATCH, settings.step_rounds,
+                     settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV, echo=False,
+                     timeout=600, **ON_CPU)
+    steps = inter["times"]
+    processes = measure_processes(settings)
+
+    report = Report("ddp")
+    for name, values in per_round_ratios(steps, processes).items():
+        report.add_ratio(name, values)
+
+    case = f"ConvNet 28x28, batch {BATCH} per rank, CPU and gloo, 1 thread per process unless named"
+    for name in steps["wall"]:
+        label = "plain loop" if name == "plain" else f"DDP 1 rank, {name}"
+        report.add(f"{label} (interleaved)", statistics.median(steps["wall"][name]) * 1e3,
+                   "ms/step", case=case, cpu_ms=statistics.median(steps["cpu"][name]) * 1e3,
+                   rounds=settings.step_rounds)
+    labels = {
+        "plain": "plain loop, own process", "ddp1": "DDP, 1 rank, own process",
+        "ddp2": "DDP, 2 ranks", "independent": "2 independent processes",
+        "threads2": "plain loop, 1 process x 2 threads",
+        "toy1": "toy model, DDP 1 rank", "toy2": "toy model, DDP 2 ranks",
+    }
+    for name, values in processes.items():
+        kind = PROCESS_CASES[name][0]
+        scale, unit = (1e6, "us/step") if kind == "toy" else (1e3, "ms/step")
+        report.add(labels[name], statistics.median(values) * scale, unit,
+                   case=f"ToyModel, batch {TOY_BATCH} per rank" if kind == "toy" else case,
+                   rounds=len(values))
+
+    report.notes += verdict(report.spreads)
     report.notes.append(
-        "speed-ups are throughput ratios (samples/s) against one rank with one thread; "
-        "ddp1_over_plain is a time ratio (1.0 = no overhead)"
-    )
+        f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+        f"{os.cpu_count()} cores: when it exceeds the cores, other programs take turns on them "
+        "and wall times swell; the CPU-time ratio (ddp1_over_plain_cpu) suffers least.")
+    report.notes.append("each ratio is the median of its per-round values, followed by their "
+                        "interquartile range and range; definitions (t: seconds per step, "
+                        "same batch per rank):")
+    report.notes += [f"  {name}: {text}" for name, text in DEFINITIONS.items()]
+    report.notes.append("DDP's options, by the name their ratio carries: " + "; ".join(
+        f"{v}: {', '.join(f'{k}={o}' for k, o in ddp_options(v).items()) or 'defaults'}"
+        for v in variants))
     return report

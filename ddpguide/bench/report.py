@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,16 @@ class Measurement:
     details: dict = field(default_factory=dict)
 
 
+def spread_of(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and extremes of a ratio's values over rounds (``n`` of them)."""
+    if not values:
+        raise ValueError("spread_of needs at least one value")
+    q1, _, q3 = (statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1
+                 else (values[0],) * 3)
+    return {"median": statistics.median(values), "q1": q1, "q3": q3,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
 @dataclass
 class Report:
     """A suite's result: what :func:`write_json` saves and :meth:`table` prints."""
@@ -63,6 +74,8 @@ class Report:
     suite: str
     measurements: list[Measurement] = field(default_factory=list)
     ratios: dict[str, float] = field(default_factory=dict)
+    #: For ratios measured over rounds: their :func:`spread_of` (the ratio is the median).
+    spreads: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     machine: dict = field(default_factory=machine_info)
     #: When and how the suite ran, and the machine's load (1-minute average) as it
@@ -76,6 +89,12 @@ class Report:
         m = Measurement(name, float(value), unit, details)
         self.measurements.append(m)
         return m
+
+    def add_ratio(self, name: str, values: list[float]) -> float:
+        """Record a ratio measured once per round: its median, and its spread."""
+        self.spreads[name] = spread_of(values)
+        self.ratios[name] = self.spreads[name]["median"]
+        return self.ratios[name]
 
     def get(self, name: str) -> Measurement:
         for m in self.measurements:
@@ -91,7 +110,7 @@ class Report:
         if self.ratios:
             lines.append("-" * (width + 24))
             for name, value in self.ratios.items():
-                lines.append(f"{name:<{width}}  {value:>12.3f}")
+                lines.append(f"{name:<{width}}  {value:>12.3f}{format_spread(self.spreads.get(name))}")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -105,6 +124,7 @@ class Report:
             "machine": self.machine,
             "measurements": [asdict(m) for m in self.measurements],
             "ratios": self.ratios,
+            "spreads": self.spreads,
             "notes": self.notes,
         }
 
@@ -120,6 +140,14 @@ def check_report_file(path: str | os.PathLike, option: str,
     return check_output_file(path, option, protected=protected or (),
                              may_replace=json_with_keys(REPORT_KEYS),
                              replaceable="a benchmark report")
+
+
+def format_spread(spread: dict[str, float] | None) -> str:
+    """``  IQR a-b, range c-d over n`` (empty without a spread)."""
+    if not spread:
+        return ""
+    return (f"  IQR {spread['q1']:.3f}-{spread['q3']:.3f}, range {spread['min']:.3f}-"
+            f"{spread['max']:.3f} over {spread['n']}")
 
 
 # Both sides of a comparison run with the same allocator settings: glibc's default
