@@ -73,6 +73,13 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "bf16_over_fp32_memory": Anchor("bf16 / fp32 activation memory", "", "< 1"),
         "fp16_over_fp32_time": Anchor("fp16 autocast / fp32 step time (GPU)", "", "< 1"),
     },
+    "sharding": {
+        "fsdp_state_over_ddp_4ranks": Anchor("FSDP2 / DDP state bytes per rank, 4 ranks", "0.25 (ZeRO-3: 16/N bytes per parameter)", "<= 0.26"),
+        "fsdp_peak_over_ddp_4ranks": Anchor("FSDP2 / DDP peak memory of one step, 4 ranks", "", "<= 0.40"),
+        "zero1_state_over_ddp_4ranks": Anchor("ZeRO-1 / DDP state bytes per rank, 4 ranks", "(4 + 4 + 8/N) / 16 = 0.625", ""),
+        "fsdp_step_over_ddp_2ranks": Anchor("FSDP2 / DDP step time, 2 ranks", "1.5 x DDP's bytes moved", ""),
+        "hand_zero3_over_fsdp_2ranks": Anchor("ZeRO-3 by hand / FSDP2 step time, 2 ranks", "", "<= 1.2"),
+    },
 }
 
 
