@@ -21,8 +21,7 @@ def spawned(request):
     The calls run one after another in one process group per world size, started
     once for the module (a start costs seconds), through ``run_several``.
     """
-    from ddpguide.collectives.demos import run_several
-    from ddpguide.launch.spawn import spawn
+    from ddpguide.launch.spawn import run_several, spawn
 
     cache: dict[int, list[dict]] = {}
 

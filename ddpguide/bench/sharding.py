@@ -34,10 +34,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding.memory import count
 from ddpguide.sharding.strategies import build, mlp
-from ddpguide.bench.report import MALLOC_ENV, Report
 
 MIB = 2 ** 20
 CASES = (("ddp", 2), ("zero1", 2), ("fsdp2", 2), ("zero3_hand", 2),

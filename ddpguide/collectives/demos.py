@@ -3,7 +3,8 @@
 The primitives one by one (what each rank held before and after), the ring
 all-reduce step by step, every hand-written all-reduce against the library's,
 and a rank that skips a collective. Each is a spawned worker: call it through
-:func:`ddpguide.launch.spawn`, or several at once through :func:`run_several`.
+:func:`ddpguide.launch.spawn`, or several at once through
+:func:`ddpguide.launch.spawn.run_several`.
 """
 
 from __future__ import annotations
@@ -21,15 +22,6 @@ from ddpguide.collectives.algorithms import (
     ring_all_reduce,
 )
 from ddpguide.core.runtime import worker_device
-
-
-def run_several(calls: dict[str, tuple]) -> dict:
-    """Worker: run ``{name: (fn, *args)}`` one after another in one process group.
-
-    Starting a group of ranks costs seconds; a chapter that shows many small
-    things starts one and returns all their results, by name.
-    """
-    return {name: fn(*args) for name, (fn, *args) in calls.items()}
 
 
 def primitives_demo() -> dict[str, tuple]:

@@ -283,3 +283,12 @@ def describe_rank() -> dict[str, Any]:
         "pid": os.getpid(),
         "torch_threads": torch.get_num_threads(),
     }
+
+
+def run_several(calls: dict[str, tuple]) -> dict:
+    """Worker: run ``{name: (fn, *args)}`` one after another in one process group.
+
+    Starting a group of ranks costs seconds; a chapter that shows many small
+    things starts one and returns all their results, by name.
+    """
+    return {name: fn(*args) for name, (fn, *args) in calls.items()}

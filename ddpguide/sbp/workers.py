@@ -10,9 +10,9 @@ because starting the ranks costs more than any part. Usage::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
-import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 
+from ddpguide.launch.spawn import run_several
 from ddpguide.sbp import boxing_by_hand, boxing_rules
 from ddpguide.sbp.examples import (
     comm_counts,
@@ -70,12 +71,8 @@ def run(parts: Sequence[str], options: dict[str, dict] | None = None) -> dict[st
     for name in ("_collective_utils", "_redistribute"):
         logging.getLogger(f"torch.distributed.tensor.{name}").setLevel(logging.ERROR)
     options = options or {}
-    results: dict[str, Any] = {"seconds": {}}
-    for name in parts:
-        start = time.perf_counter()
-        results[name] = PARTS[name](**options.get(name, {}))
-        results["seconds"][name] = round(time.perf_counter() - start, 3)
-    return results
+    return run_several({name: (functools.partial(PARTS[name], **options.get(name, {})),)
+                        for name in parts})
 
 
 @part

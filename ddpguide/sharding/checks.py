@@ -18,8 +18,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from ddpguide.sbp.boxing_by_hand import collective_names
 from ddpguide.launch.spawn import spawn
+from ddpguide.sbp.boxing_by_hand import collective_names
 from ddpguide.sharding.memory import measure
 from ddpguide.sharding.strategies import build, check_strategy, mlp
 from ddpguide.sharding.zero3 import ShardedModel

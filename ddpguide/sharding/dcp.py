@@ -60,7 +60,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ddpguide.core.checkpoint import previous_path  # <dir>.prev, named as for one-file checkpoints
+from ddpguide.core.checkpoint import (
+    previous_path,  # <dir>.prev, named as for one-file checkpoints
+)
 
 EXTRA_FILE = "extra.pt"
 METADATA_FILE = ".metadata"

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from ddpguide.sbp.placements import device_mesh, mesh_device
 from ddpguide.sharding.dcp import load_sharded, save_sharded

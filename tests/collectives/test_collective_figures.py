@@ -20,8 +20,10 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ddpguide.collectives import demos  # noqa: E402
-from ddpguide.collectives import viz  # noqa: E402
+from ddpguide.collectives import (
+    demos,  # noqa: E402
+    viz,  # noqa: E402
+)
 
 WORLD = 3
 PRIMITIVES = ["send/recv", "broadcast", "scatter", "gather", "reduce", "all-reduce", "all-gather",

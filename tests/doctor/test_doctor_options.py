@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from doctor_runs import doctor
 
 from ddpguide.doctor.options import (
     DEFAULT_SIZES,
@@ -12,8 +13,6 @@ from ddpguide.doctor.options import (
     parse_options,
     parse_size,
 )
-
-from doctor_runs import doctor
 
 
 def test_sizes_parse_with_binary_units():

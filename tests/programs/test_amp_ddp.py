@@ -7,10 +7,16 @@ import re
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
-
 from programs_support import (
-    PYTHON, check_ok, copy_program, files_in, load_program, parse_error, run)
+    PYTHON,
+    check_ok,
+    copy_program,
+    files_in,
+    load_program,
+    parse_error,
+    run,
+)
+from torch.utils.data import DataLoader
 
 STEPS_PER_EPOCH = math.ceil(math.ceil(1437 / 2) / 32)  # DistributedSampler pads to 719 per rank
 

@@ -8,9 +8,15 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-
 from programs_support import (
-    PYTHON, check_ok, copy_program, files_in, load_program, parse_error, run)
+    PYTHON,
+    check_ok,
+    copy_program,
+    files_in,
+    load_program,
+    parse_error,
+    run,
+)
 
 
 def one_process_toy_weights(program, toy: dict, world_size: int) -> dict[str, torch.Tensor]:

@@ -7,8 +7,14 @@ import json
 
 import pytest
 import torch
-
-from programs_support import PROGRAMS, TORCHRUN, check_ok, copy_program, parse_error, run
+from programs_support import (
+    PROGRAMS,
+    TORCHRUN,
+    check_ok,
+    copy_program,
+    parse_error,
+    run,
+)
 
 
 @pytest.mark.timeout(200)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from programs_support import TORCHRUN, check_ok, copy_program, parse_error, run
 
 

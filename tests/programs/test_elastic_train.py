@@ -11,9 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from programs_support import (
+    PYTHON,
+    TORCHRUN,
+    copy_program,
+    kill_launch,
+    parse_error,
+    run,
+    start,
+)
 
 from ddpguide.core.processes import store_port as free_port
-from programs_support import PYTHON, TORCHRUN, copy_program, kill_launch, parse_error, run, start
 
 EPOCHS, EPOCH_SECONDS = 30, 0.4  # about 11 s for the second agent to join
 # The tuned values of the chapter (FACTS: a restart in seconds instead of tens of seconds).

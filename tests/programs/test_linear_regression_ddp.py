@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from programs_support import PYTHON, check_ok, copy_program, load_program, run
 
 

@@ -7,7 +7,6 @@ import ast
 import sys
 
 import pytest
-
 from programs_support import PROGRAMS
 
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "sklearn"}

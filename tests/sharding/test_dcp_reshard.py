@@ -12,8 +12,7 @@ import os
 import pytest
 import torch
 
-from ddpguide.collectives.demos import run_several
-from ddpguide.launch.spawn import spawn
+from ddpguide.launch.spawn import run_several, spawn
 from ddpguide.sharding import dcp as sharded
 from ddpguide.sharding import dcp_kill
 from ddpguide.sharding import dcp_workers as W

@@ -17,7 +17,12 @@ import pytest
 import torch
 from file_snapshot import snapshot
 
-from ddpguide.core.checkpoint import kept_aside, previous_path, save_checkpoint, training_state
+from ddpguide.core.checkpoint import (
+    kept_aside,
+    previous_path,
+    save_checkpoint,
+    training_state,
+)
 from ddpguide.core.models import ToyModel, build_model
 from ddpguide.launch.torchrun import LAUNCHER_VARIABLES, agent_environment
 from ddpguide.train import cli as train_cli
