@@ -1,7 +1,7 @@
 """A sharded checkpoint saved by N ranks and loaded by M: torch.distributed.checkpoint.
 
-    torchrun --standalone --nproc-per-node=2 dcp_reshard.py            # train, save
-    torchrun --standalone --nproc-per-node=3 dcp_reshard.py --load     # load, check
+Run:  torchrun --standalone --nproc-per-node=2 dcp_reshard.py            # train, save
+      torchrun --standalone --nproc-per-node=3 dcp_reshard.py --load     # load, check
 
 An FSDP2 model and its Adam state are sharded over the ranks. Each rank saves
 only its own shards, and the checkpoint's metadata records which piece of which
@@ -10,6 +10,8 @@ whatever the number of ranks that wrote them. The save also keeps a full copy
 of every tensor (full_state.pt, only for the check); the load compares every
 model and optimizer tensor with it (torch.equal: exact).
 Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
+
+Source: PyTorch's distributed-checkpoint documentation (no seed article covers it).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """FSDP2: every parameter, gradient and optimizer state split over the ranks (ZeRO stage 3).
 
-    torchrun --standalone --nproc-per-node=2 fsdp2.py
+Run:  torchrun --standalone --nproc-per-node=2 fsdp2.py
 
 fully_shard() is called on each layer, then on the whole model. Each parameter
 becomes a DTensor with placement Shard(0): every rank stores a slice of rows.
@@ -8,6 +8,8 @@ Before a layer runs, FSDP all-gathers its parameters (S(0) -> B) and frees them
 afterwards; after backward it reduce-scatters the gradients (P -> S(0)), so
 Adam updates only this rank's rows. The program prints the shards, counts the
 collectives of one step, and checks the result against one process.
+
+Source: PyTorch's FSDP2 (fully_shard) documentation and the ZeRO paper (no seed article covers sharding).
 """
 
 import datetime

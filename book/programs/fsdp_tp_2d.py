@@ -1,6 +1,6 @@
 """Two-dimensional parallelism on a 2x2 mesh: FSDP x tensor parallelism, then HSDP.
 
-    torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py
+Run:  torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py
 
 Part 1: mesh ("dp", "tp"). Tensor parallelism splits every MLP across the two
 ranks of a "tp" row; FSDP2 shards the result again across the two ranks of a
@@ -10,6 +10,8 @@ sharded within a row and replicated across rows; each of the 4 ranks reads a
 quarter of the batch.
 Both are checked against one process that trains the same model on the whole
 batch with the same SGD steps (float64, to 1e-12).
+
+Source: PyTorch's FSDP2 and tensor-parallel documentation (no seed article covers it).
 """
 
 import datetime

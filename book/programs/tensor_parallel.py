@@ -1,11 +1,13 @@
 """Tensor parallelism: an MLP, an attention block and sequence parallelism, split over ranks.
 
-    torchrun --standalone --nproc-per-node=2 tensor_parallel.py
+Run:  torchrun --standalone --nproc-per-node=2 tensor_parallel.py
 
 Every rank also builds the plain (unsplit) module from the same seed and runs it
 on the same input: that is what one process would compute. The split version
 must give the same output and the same gradients (float64, to 1e-12).
 Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
+
+Source: PyTorch's tensor-parallel documentation and the Megatron-LM paper (no seed article covers it).
 """
 
 import datetime

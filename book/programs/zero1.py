@@ -1,6 +1,6 @@
 """ZeRO stage 1: DDP for the gradients, ZeroRedundancyOptimizer for Adam's state.
 
-    torchrun --standalone --nproc-per-node=2 zero1.py
+Run:  torchrun --standalone --nproc-per-node=2 zero1.py
 
 Every rank keeps the whole model and, after DDP's all-reduce (P -> B), the
 whole gradient. Adam's two moments, 8 bytes per parameter in float32, are kept
@@ -8,6 +8,8 @@ only by the rank that owns the parameter: ZeroRedundancyOptimizer gives each
 rank whole parameter tensors, about 1/N of them. After its local Adam step each
 rank broadcasts the parameters it owns, so all replicas stay equal. The program
 checks that against one process trained on the full batch.
+
+Source: PyTorch's ZeroRedundancyOptimizer documentation and the ZeRO paper (no seed article covers sharding).
 """
 
 import datetime

@@ -1,6 +1,6 @@
 """ZeRO stage 3 by hand: what FSDP does, in plain torch.distributed.
 
-    torchrun --standalone --nproc-per-node=2 zero3_by_hand.py
+Run:  torchrun --standalone --nproc-per-node=2 zero3_by_hand.py
 
 Each rank keeps a flat S(0) shard of every parameter: the parameter is
 flattened, padded with zeros to a multiple of the number of ranks, and rank r
@@ -11,6 +11,8 @@ keeps the r-th piece. Adam sees only the shards. Hooks on each layer:
 * when the gradient of its output arrives: all-gather them again for backward;
 * when a parameter's gradient is complete: reduce-scatter it into the shard's
   gradient (P -> S(0)) and free the full gradient and parameter.
+
+Source: the ZeRO paper's stage 3 (no seed article covers sharding).
 """
 
 import datetime

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from types import ModuleType
 
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for name in names:
         report = load_suite(name).run(quick=args.quick)
+        report.load_at_end = round(os.getloadavg()[0], 2)
         print(report.table(), flush=True)
         print()
         reports.append(report)

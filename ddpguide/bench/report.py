@@ -84,6 +84,8 @@ class Report:
         datetime.timezone.utc).isoformat(timespec="seconds"))
     command: str = field(default_factory=invocation)
     load_at_start: float = field(default_factory=lambda: round(os.getloadavg()[0], 2))
+    #: Stamped by :meth:`write_json`, when the suite is done.
+    load_at_end: float | None = None
 
     def add(self, name: str, value: float, unit: str, **details) -> Measurement:
         m = Measurement(name, float(value), unit, details)
@@ -120,7 +122,7 @@ class Report:
             "measured_at": self.measured_at,
             "command": self.command,
             "load_at_start": self.load_at_start,
-            "load_at_end": round(os.getloadavg()[0], 2),
+            "load_at_end": self.load_at_end,
             "machine": self.machine,
             "measurements": [asdict(m) for m in self.measurements],
             "ratios": self.ratios,
@@ -129,7 +131,9 @@ class Report:
         }
 
     def write_json(self, path: str | os.PathLike) -> None:
-        """Write :meth:`to_dict` to ``path``, whole or not at all (missing folders are made)."""
+        """Write :meth:`to_dict` to ``path``, whole or not at all (missing folders are made),
+        with the machine's load now that the suite is done."""
+        self.load_at_end = round(os.getloadavg()[0], 2)
         write_atomically(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 

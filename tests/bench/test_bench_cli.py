@@ -15,6 +15,7 @@ import sys
 import pytest
 from file_snapshot import snapshot
 
+from ddpguide.bench import SUITES
 from ddpguide.bench import __main__ as bench_main
 from ddpguide.bench import pipeline as bench_pipeline
 from ddpguide.bench.report import Report
@@ -44,8 +45,11 @@ def no_suite_runs(monkeypatch):
     monkeypatch.setattr(bench_pipeline, "run", started)
 
 
+PROVENANCE = ("measured_at", "command", "load_at_start", "load_at_end")
+
+
 def _bench_cases(t):
-    choices = "ddp, allreduce, elastic, pipeline, amp, all"
+    choices = ", ".join([*SUITES, "all"])
     return [
         ([], "the following arguments are required: SUITE"),
         (["nope"], f"argument SUITE: invalid choice: 'nope' (choose from {choices})"),
@@ -118,10 +122,12 @@ def test_a_good_run_writes_its_report_and_may_replace_an_earlier_one(place, monk
     monkeypatch.setattr(bench_main, "load_suite", lambda name: _FakeSuite)
     for target in (place / "old.json", place / "new" / "deeper" / "r.json"):
         assert bench_main.main(["ddp", "--quick", "--json", str(target)]) == 0
-        assert json.loads(target.read_text()) == {
+        written = json.loads(target.read_text())
+        assert {k: written.pop(k) is not None for k in PROVENANCE} == dict.fromkeys(PROVENANCE, True)
+        assert written == {
             "suite": "fake", "machine": {"cpu_count": 2},
             "measurements": [{"name": "step", "value": 1.5, "unit": "ms", "details": {}}],
-            "ratios": {"speedup": 2.0}, "notes": []}
+            "ratios": {"speedup": 2.0}, "spreads": {}, "notes": []}
     assert "suite: fake" in capsys.readouterr().out
 
 
@@ -133,5 +139,5 @@ def test_the_real_entry_point_refuses_an_unknown_suite_in_one_line(place):
                           timeout=100)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (f"{PROG}: error: argument SUITE: invalid choice: 'nope' (choose from "
-                           "ddp, allreduce, elastic, pipeline, amp, all) (see --help)\n")
+                           f"{', '.join([*SUITES, 'all'])}) (see --help)\n")
     assert snapshot(place) == before

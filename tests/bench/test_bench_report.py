@@ -49,16 +49,19 @@ def test_the_json_reads_back_to_the_same_report(tmp_path):
     path = tmp_path / "out" / "ddp.json"
     _report().write_json(path)
     data = json.loads(path.read_text())
-    assert data == _report().to_dict() == {
+    provenance = ("measured_at", "command", "load_at_start", "load_at_end")
+    assert all(data[k] is not None for k in provenance)  # written when the suite is done
+    assert {k: v for k, v in data.items() if k not in provenance} == {
         "suite": "ddp", "machine": {"cpu_count": 2},
         "measurements": [{"name": "1 rank", "value": 12.5, "unit": "ms/step",
                           "details": {"batch": 64}},
                          {"name": "2 ranks", "value": 8.0, "unit": "ms/step", "details": {}}],
-        "ratios": {"ddp2_speedup": 1.5625}, "notes": ["measured on a quiet machine"]}
+        "ratios": {"ddp2_speedup": 1.5625}, "spreads": {}, "notes": ["measured on a quiet machine"]}
     assert set(REPORT_KEYS) <= data.keys()
     # what the appendix reads from it: each ratio beside its anchor
     [(name, value, anchor)] = ratio_rows(data)
-    assert (name, value) == ("ddp2_speedup", 1.5625) and anchor.goal == ">= 1.75"
+    assert (name, value) == ("ddp2_speedup", 1.5625)
+    assert anchor.meaning == "2 ranks / DDP on 1 rank, throughput, ConvNet"
     # a report may be replaced by the next run; another JSON file may not
     assert check_report_file(path, "--json") == path
     (tmp_path / "other.json").write_text('{"suite": "ddp"}')

@@ -176,7 +176,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(case, tmp_path,
     elif case == "checkpoint-under-file":
         (tmp_path / "file").write_text("x")
         args[-1] = str(tmp_path / "file" / "ckpt.pt")
-        expect = "does not exist"
+        expect = "is not a directory"
     elif case == "checkpoint-other-model":
         model = ConvNet()
         save_checkpoint(training_state(3, model, torch.optim.SGD(model.parameters(), lr=0.1)), ckpt)
@@ -207,7 +207,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(case, tmp_path,
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert code == 2, captured
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
+    # "error: ..." for the checks of the elastic commands, "PROG: error: ..." from argparse
+    assert len(lines) == 1 and " error: " in f" {lines[0]}" and expect in lines[0], lines
     assert captured.out == ""
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before  # nothing written, nothing overwritten
