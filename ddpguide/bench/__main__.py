@@ -6,6 +6,7 @@ one is one line naming the option and the value, exit status 2, nothing written.
 
 from __future__ import annotations
 
+import datetime
 import importlib
 import json
 import os
@@ -54,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     names = list(SUITES) if args.suite == "all" else [args.suite]
     reports = []
     for name in names:
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        load_at_start = round(os.getloadavg()[0], 2)
         report = load_suite(name).run(quick=args.quick)
+        # A suite makes its report when it is done: the run's own start is what counts.
+        report.measured_at, report.load_at_start = started, load_at_start
         report.load_at_end = round(os.getloadavg()[0], 2)
         print(report.table(), flush=True)
         print()
