@@ -35,6 +35,9 @@ def main() -> None:
     try:
         dist.all_reduce(gradient)
         print(f"[rank {rank}] all_reduce returned {gradient.tolist()}", flush=True)
+        # The rest of the step (optimizer, next batch): the sleep stands for it. Rank 1 reaches
+        # the barrier a whole timeout after rank 0 began to wait, so rank 0's timeout comes first.
+        time.sleep(TIMEOUT.total_seconds())
         dist.barrier()
         print(f"[rank {rank}] done", flush=True)
     except RuntimeError as error:
