@@ -75,7 +75,7 @@ PROCESS_CASES: dict[str, tuple[str, int, int, int, str | None]] = {
 
 #: What each ratio is, as the report's notes state it. ``t`` is seconds per step with
 #: the same batch per rank, so N ranks process N times the samples per step; a case
-#: on two ranks takes as long as its slower rank.
+#: on two ranks is timed by :func:`pair_time`.
 DEFINITIONS = {
     "ddp2_over_plain": "2 t_plain / t_ddp2: samples/s of DDP on 2 ranks x 1 thread over the plain "
                        "loop in 1 process x 1 thread, interleaved (the headline)",
@@ -96,33 +96,45 @@ DEFINITIONS = {
 }
 
 
+def pair_time(name: str, per_rank: list[float]) -> float:
+    """Seconds per step of a case on several ranks. DDP's ranks wait for each other at
+    every all-reduce: the slower one sets the pace. Processes that never communicate do
+    not wait: their rates add up, and the pair's time is that of their total rate
+    (``len / sum(1/t)``, the harmonic mean)."""
+    if name == "independent":
+        return len(per_rank) / sum(1 / t for t in per_rank)
+    return max(per_rank)
+
+
 def _measure(kind: str, batch: int, processes: int, threads: int, variant: str | None,
-             settings: Settings) -> float:
+             settings: Settings) -> list[float]:
     steps = settings.toy_steps if kind == "toy" else settings.steps
     warmup = 20 if kind == "toy" else settings.warmup
     per_rank = spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
                      settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
                      timeout=600, **ON_CPU)
-    return max(per_rank)  # the group is as fast as its slowest rank
+    return per_rank
 
 
 def measure_processes(settings: Settings) -> dict[str, list[float]]:
-    """Seconds per step of each of :data:`PROCESS_CASES`, once per round, in round order."""
+    """Seconds per step of each of :data:`PROCESS_CASES` (:func:`pair_time` of its
+    ranks), once per round, in round order."""
     names = list(PROCESS_CASES)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(settings.process_rounds):
         for name in rotated(names, r):
-            times[name].append(_measure(*PROCESS_CASES[name], settings))
+            times[name].append(pair_time(name, _measure(*PROCESS_CASES[name], settings)))
     return times
 
 
 def combine_ranks(per_rank: list[dict]) -> dict[str, dict[str, list[float]]]:
     """One ``{clock: {case: seconds per round}}`` from :func:`.ddp_steps.interleaved_worker`'s
-    results: rank 0's times, and the slower rank's for the cases of :data:`BOTH_RANKS`."""
+    results: rank 0's times, and :func:`pair_time` of both ranks' for :data:`BOTH_RANKS`."""
     times = {clock: dict(cases) for clock, cases in per_rank[0]["times"].items()}
     for clock, cases in times.items():
         for name in BOTH_RANKS:
-            cases[name] = [max(t) for t in zip(*(r["times"][clock][name] for r in per_rank))]
+            both = zip(*(r["times"][clock][name] for r in per_rank))
+            cases[name] = [pair_time(name, list(t)) for t in both]
     return times
 
 
@@ -227,7 +239,8 @@ def run(quick: bool = False) -> Report:
         "and wall times swell; the CPU-time ratio (ddp1_over_plain_cpu) suffers least.")
     report.notes.append("each ratio is the median of its per-round values, followed by their "
                         "interquartile range and range; definitions (t: seconds per step, "
-                        "same batch per rank):")
+                        "same batch per rank; t_ddp2 the slower rank's, t_independent "
+                        "2 / (1/t_rank0 + 1/t_rank1), the pair's total rate):")
     report.notes += [f"  {name}: {text}" for name, text in DEFINITIONS.items()]
     report.notes.append("DDP's options, by the name their ratio carries: " + "; ".join(
         f"{v}: {', '.join(f'{k}={o}' for k, o in ddp_options(v).items()) or 'defaults'}"

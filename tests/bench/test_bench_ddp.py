@@ -11,6 +11,7 @@ from ddpguide.bench.ddp import (
     PROCESS_CASES,
     QUICK,
     combine_ranks,
+    pair_time,
     per_round_ratios,
     verdict,
 )
@@ -89,16 +90,19 @@ def fake_timings() -> tuple[dict, dict]:
     return steps, processes
 
 
-def test_two_rank_cases_take_the_slower_rank_and_one_rank_cases_rank_0():
+def test_ddp_pairs_take_the_slower_rank_and_independent_pairs_add_their_rates():
+    assert pair_time("ddp2", [0.2, 0.3]) == 0.3
+    assert pair_time("toy2", [0.2, 0.3]) == 0.3
+    assert pair_time("independent", [0.2, 0.3]) == pytest.approx(0.24)  # 5 + 3.33 steps/s
     rank0 = {"times": {"wall": {"plain": [1.0, 2.0], "ddp": [1.5, 2.5], "independent": [3.0, 1.0],
                                 "ddp2": [2.0, 2.0]}, "cpu": {"plain": [1.0, 1.0], "ddp": [1.0, 1.0],
                                 "independent": [1.0, 1.0], "ddp2": [1.0, 1.0]}}}
-    rank1 = {"times": {"wall": {"plain": [0.0, 0.0], "ddp": [0.0, 0.0], "independent": [2.0, 4.0],
+    rank1 = {"times": {"wall": {"plain": [0.0, 0.0], "ddp": [0.0, 0.0], "independent": [6.0, 1.0],
                                 "ddp2": [2.5, 1.5]}, "cpu": {"plain": [0.0, 0.0], "ddp": [0.0, 0.0],
-                                "independent": [2.0, 0.5], "ddp2": [0.5, 3.0]}}}
+                                "independent": [1.0, 3.0], "ddp2": [0.5, 3.0]}}}
     assert combine_ranks([rank0, rank1]) == {
-        "wall": {"plain": [1.0, 2.0], "ddp": [1.5, 2.5], "independent": [3.0, 4.0], "ddp2": [2.5, 2.0]},
-        "cpu": {"plain": [1.0, 1.0], "ddp": [1.0, 1.0], "independent": [2.0, 1.0], "ddp2": [1.0, 3.0]},
+        "wall": {"plain": [1.0, 2.0], "ddp": [1.5, 2.5], "independent": [4.0, 1.0], "ddp2": [2.5, 2.0]},
+        "cpu": {"plain": [1.0, 1.0], "ddp": [1.0, 1.0], "independent": [1.0, 1.5], "ddp2": [1.0, 3.0]},
     }
 
 
