@@ -51,7 +51,7 @@ class Settings:
     """How much each measurement repeats."""
 
     step_rounds: int     # interleaved rounds: one step of every case each
-    warmup: int          # untimed steps before any timing
+    warmup: int          # untimed steps (interleaved: rounds) before any timing
     process_rounds: int  # rounds of the separate-process cases
     steps: int           # steps per timed block in a separate process
     repeats: int         # timed blocks per process (the process reports their median)
@@ -110,10 +110,9 @@ def _measure(kind: str, batch: int, processes: int, threads: int, variant: str |
              settings: Settings) -> list[float]:
     steps = settings.toy_steps if kind == "toy" else settings.steps
     warmup = 20 if kind == "toy" else settings.warmup
-    per_rank = spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
-                     settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
-                     timeout=600, **ON_CPU)
-    return per_rank
+    return spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
+                 settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
+                 timeout=600, **ON_CPU)
 
 
 def measure_processes(settings: Settings) -> dict[str, list[float]]:
