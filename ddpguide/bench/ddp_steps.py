@@ -1,13 +1,14 @@
 """The worker side of ``python -m ddpguide.bench ddp``: the training steps it times, and
 the two ways it times them.
 
-* :func:`interleaved_worker` builds the plain loop and every DDP variant in ONE process
-  (a one-rank group) and times them step by step in alternation (:func:`interleave`):
-  whatever slows the machine for a moment slows the neighbouring steps of every case,
-  and the cases share one allocator, one core and one memory layout;
-* :func:`step_time_worker` times one case alone in its own process (or its own group of
-  processes): the only way to time two ranks, and the way the suite first measured
-  DDP's cost on one rank.
+* :func:`interleaved_worker` runs on two ranks and times every case step by step in
+  alternation (:func:`interleave`): on rank 0 alone (rank 1 waits) the plain loop and
+  DDP with each of its options on a one-rank group; on both ranks at once two
+  independent plain loops and DDP on two ranks. Whatever slows the machine for a
+  moment slows neighbouring steps of every case, and the one-rank cases share one
+  process, allocator and memory layout;
+* :func:`step_time_worker` times one case alone in its own processes, the way the
+  suite first measured everything.
 """
 
 from __future__ import annotations
@@ -65,14 +66,16 @@ def supported_variants() -> list[str]:
     return [name for name in VARIANTS if ddp_options(name) is not None]
 
 
-def make_step(kind: str, batch: int, variant: str | None) -> Callable[[], None]:
+def make_step(kind: str, batch: int, variant: str | None,
+              group: dist.ProcessGroup | None = None) -> Callable[[], None]:
     """One SGD training step on a fixed synthetic batch: the plain loop when ``variant``
-    is None, else the model wrapped in DDP with that variant's options. The same seed
-    gives every case the same weights and data."""
+    is None, else the model wrapped in DDP with that variant's options, reducing over
+    ``group`` (the default group when None). The same seed gives every case the same
+    weights and data."""
     torch.manual_seed(0)
     model: nn.Module = ConvNet() if kind == "convnet" else ToyModel()
     if variant is not None:
-        model = DDP(model, **ddp_options(variant))
+        model = DDP(model, process_group=group, **ddp_options(variant))
     inputs = torch.randn(batch, *SHAPES[kind])
     if kind == "convnet":
         targets = torch.randint(0, 10, (batch,))
@@ -97,14 +100,17 @@ def rotated(names: list[str], round_: int) -> list[str]:
 
 
 def interleave(steps: Mapping[str, Callable[[], object]], rounds: int,
-               clocks: Mapping[str, Callable[[], float]] = CLOCKS) -> dict[str, dict[str, list[float]]]:
+               clocks: Mapping[str, Callable[[], float]] = CLOCKS,
+               before: Callable[[], object] = lambda: None) -> dict[str, dict[str, list[float]]]:
     """Run one step of every case per round, the order rotated by one each round (so no
-    case always goes first or always follows the same one); return, per clock, each
-    case's seconds per step in round order: ``{clock: {case: [s, ...]}}``."""
+    case always goes first or always follows the same one), calling ``before`` (untimed)
+    ahead of each step; return, per clock, each case's seconds per step in round order:
+    ``{clock: {case: [s, ...]}}``."""
     names = list(steps)
     times: dict[str, dict[str, list[float]]] = {c: {n: [] for n in names} for c in clocks}
     for r in range(rounds):
         for name in rotated(names, r):
+            before()
             start = {c: read() for c, read in clocks.items()}
             steps[name]()
             for c, read in clocks.items():
@@ -112,17 +118,32 @@ def interleave(steps: Mapping[str, Callable[[], object]], rounds: int,
     return times
 
 
+#: The cases of :func:`interleaved_worker` that run on both ranks; the others run on rank 0.
+BOTH_RANKS = ("independent", "ddp2")
+
+
 def interleaved_worker(kind: str, batch: int, rounds: int, warmup: int,
                        variants: list[str]) -> dict:
-    """Rank 0 of a one-rank group: the plain loop (``plain``) and each DDP variant,
-    timed step by step in alternation. Warm-up steps first (DDP rebuilds its buckets
-    in its second step); returns :func:`interleave`'s times and the thread count."""
-    steps = {"plain": make_step(kind, batch, None)}
-    steps.update({name: make_step(kind, batch, name) for name in variants})
-    for step in steps.values():
-        for _ in range(warmup):
-            step()
-    return {"times": interleave(steps, rounds), "threads": torch.get_num_threads()}
+    """One of two ranks: every case step by step in alternation, a barrier (untimed)
+    before each step so that the ranks start together and rank 1 waits, idle, while
+    rank 0 runs a one-rank case. Cases: ``plain``, each DDP variant on a group of
+    rank 0 alone, then :data:`BOTH_RANKS`: two plain loops that never communicate and
+    DDP on both ranks. Warm-up rounds first (DDP rebuilds its buckets in its second
+    step); returns this rank's :func:`interleave` times (0 for a case it sits out)."""
+    rank = dist.get_rank()
+    alone = dist.new_group([0])  # every rank takes part in creating a group
+
+    def sit_out() -> None:
+        pass
+
+    steps: dict[str, Callable[[], None]] = {"plain": make_step(kind, batch, None) if rank == 0 else sit_out}
+    for name in variants:
+        steps[name] = make_step(kind, batch, name, group=alone) if rank == 0 else sit_out
+    steps["independent"] = make_step(kind, batch, None)
+    steps["ddp2"] = make_step(kind, batch, "ddp")
+    interleave(steps, warmup, before=dist.barrier)
+    return {"times": interleave(steps, rounds, before=dist.barrier),
+            "threads": torch.get_num_threads()}
 
 
 def step_time_worker(kind: str, batch: int, steps: int, warmup: int, variant: str | None,

@@ -13,21 +13,24 @@ from ddpguide.bench.ddp import (
     DEFINITIONS,
     PROCESS_CASES,
     QUICK,
+    combine_ranks,
+    pair_time,
     per_round_ratios,
     verdict,
 )
-from ddpguide.bench.ddp_steps import VARIANTS, interleave, rotated, supported_variants
+from ddpguide.bench.ddp_steps import BOTH_RANKS, VARIANTS, interleave, rotated, supported_variants
 from ddpguide.bench.report import Report, spread_of
 
 SPREAD_FIELDS = {"median", "q1", "q3", "min", "max", "n"}
 HEADLINE = ["ddp2_over_plain", "independent2_speedup", "ddp2_over_independent2"]
-INTERLEAVED = ["ddp1_over_plain", "ddp1_over_plain_cpu"]
-PER_PROCESS = ["ddp1_over_plain_separate", "ddp2_speedup", "threads2_speedup", "ddp2_speedup_toy"]
+INTERLEAVED = [*HEADLINE, "ddp1_over_plain", "ddp1_over_plain_cpu", "ddp2_speedup"]
+PER_PROCESS = ["ddp2_over_plain_separate", "independent2_speedup_separate",
+               "ddp1_over_plain_separate", "threads2_speedup", "ddp2_speedup_toy"]
 
 
 def expected_names(variants: list[str]) -> set[str]:
     options = {f"ddp1_over_plain_{v}" for v in variants if v != "ddp"}
-    return {*HEADLINE, *INTERLEAVED, *PER_PROCESS, *options}
+    return {*INTERLEAVED, *PER_PROCESS, *options}
 
 
 @pytest.mark.timeout(660)
@@ -45,13 +48,15 @@ def test_quick_mode_reports_every_ratio_with_its_spread(tmp_path):
         interleaved = name in INTERLEAVED or name.removeprefix("ddp1_over_plain_") in VARIANTS
         assert spread["n"] == (QUICK.step_rounds if interleaved else QUICK.process_rounds), name
     names = [m["name"] for m in report["measurements"]]
-    assert len(names) == len(variants) + 1 + len(PROCESS_CASES)
+    assert len(names) == len(variants) + 1 + len(BOTH_RANKS) + len(PROCESS_CASES)
+    assert all(name.endswith(("(interleaved)", "(separate)")) for name in names)
     notes = "\n".join(report["notes"])
     assert notes.startswith("headline: DDP on 2 ranks x 1 thread trains ")
-    assert "trusted: the interleaved figure." in notes
+    assert "trusted: the interleaved figures." in notes
     for name in report["ratios"]:  # every ratio is defined in the notes and has an anchor
         assert name in ANCHORS["ddp"], name
-        defined = name if name in DEFINITIONS else "ddp1_over_plain_<option>"
+        defined = (name if name in DEFINITIONS else "<ratio>_separate" if name.endswith("_separate")
+                   else "ddp1_over_plain_<option>")
         assert f"  {defined}: " in notes, name
 
 
@@ -77,8 +82,10 @@ def test_interleaving_alternates_the_cases_step_by_step():
 
 def fake_timings() -> tuple[dict, dict]:
     steps = {
-        "wall": {"plain": [0.1, 0.2, 0.4], "ddp": [0.11, 0.2, 0.3], "static_graph": [0.1, 0.3, 0.4]},
-        "cpu": {"plain": [0.1, 0.2, 0.4], "ddp": [0.1, 0.25, 0.5], "static_graph": [0.1, 0.2, 0.4]},
+        "wall": {"plain": [0.1, 0.2, 0.4], "ddp": [0.11, 0.2, 0.3], "static_graph": [0.1, 0.3, 0.4],
+                 "independent": [0.125, 0.25, 0.5], "ddp2": [0.125, 0.4, 0.5]},
+        "cpu": {"plain": [0.1, 0.2, 0.4], "ddp": [0.1, 0.25, 0.5], "static_graph": [0.1, 0.2, 0.4],
+                "independent": [0.1, 0.2, 0.4], "ddp2": [0.1, 0.2, 0.4]},
     }
     processes = {
         "plain": [1.0, 2.0], "ddp1": [1.1, 2.4], "ddp2": [1.25, 2.5], "independent": [1.2, 2.25],
@@ -87,29 +94,48 @@ def fake_timings() -> tuple[dict, dict]:
     return steps, processes
 
 
+def test_ddp_pairs_take_the_slower_rank_and_independent_pairs_add_their_rates():
+    assert pair_time("ddp2", [0.2, 0.3]) == 0.3
+    assert pair_time("toy2", [0.2, 0.3]) == 0.3
+    assert pair_time("independent", [0.2, 0.3]) == pytest.approx(0.24)  # 5 + 3.33 steps/s
+    rank0 = {"times": {"wall": {"plain": [1.0, 2.0], "ddp": [1.5, 2.5], "independent": [3.0, 1.0],
+                                "ddp2": [2.0, 2.0]}, "cpu": {"plain": [1.0, 1.0], "ddp": [1.0, 1.0],
+                                "independent": [1.0, 1.0], "ddp2": [1.0, 1.0]}}}
+    rank1 = {"times": {"wall": {"plain": [0.0, 0.0], "ddp": [0.0, 0.0], "independent": [6.0, 1.0],
+                                "ddp2": [2.5, 1.5]}, "cpu": {"plain": [0.0, 0.0], "ddp": [0.0, 0.0],
+                                "independent": [1.0, 3.0], "ddp2": [0.5, 3.0]}}}
+    assert combine_ranks([rank0, rank1]) == {
+        "wall": {"plain": [1.0, 2.0], "ddp": [1.5, 2.5], "independent": [4.0, 1.0], "ddp2": [2.5, 2.0]},
+        "cpu": {"plain": [1.0, 1.0], "ddp": [1.0, 1.0], "independent": [1.0, 1.5], "ddp2": [1.0, 3.0]},
+    }
+
+
 def test_each_ratio_is_computed_per_round_as_defined():
     steps, p = fake_timings()
     ratios = per_round_ratios(steps, p)
     w, c = steps["wall"], steps["cpu"]
     expected = {
-        "ddp2_over_plain": [2 * p["plain"][r] / p["ddp2"][r] for r in range(2)],
-        "independent2_speedup": [2 * p["plain"][r] / p["independent"][r] for r in range(2)],
-        "ddp2_over_independent2": [p["independent"][r] / p["ddp2"][r] for r in range(2)],
+        "ddp2_over_plain": [2 * w["plain"][i] / w["ddp2"][i] for i in range(3)],
+        "independent2_speedup": [2 * w["plain"][i] / w["independent"][i] for i in range(3)],
+        "ddp2_over_independent2": [w["independent"][i] / w["ddp2"][i] for i in range(3)],
         "ddp1_over_plain": [w["ddp"][i] / w["plain"][i] for i in range(3)],
         "ddp1_over_plain_cpu": [c["ddp"][i] / c["plain"][i] for i in range(3)],
-        "ddp1_over_plain_separate": [p["ddp1"][r] / p["plain"][r] for r in range(2)],
         "ddp1_over_plain_static_graph": [w["static_graph"][i] / w["plain"][i] for i in range(3)],
-        "ddp2_speedup": [2 * p["ddp1"][r] / p["ddp2"][r] for r in range(2)],
+        "ddp2_speedup": [2 * w["ddp"][i] / w["ddp2"][i] for i in range(3)],
+        "ddp2_over_plain_separate": [2 * p["plain"][r] / p["ddp2"][r] for r in range(2)],
+        "independent2_speedup_separate": [2 * p["plain"][r] / p["independent"][r] for r in range(2)],
+        "ddp1_over_plain_separate": [p["ddp1"][r] / p["plain"][r] for r in range(2)],
         "threads2_speedup": [p["plain"][r] / p["threads2"][r] for r in range(2)],
         "ddp2_speedup_toy": [2 * p["toy1"][r] / p["toy2"][r] for r in range(2)],
     }
     assert list(ratios) == list(expected)
     for name, values in expected.items():
         assert ratios[name] == pytest.approx(values, rel=1e-12), name
-    # Worked by hand: the headline is 1.6 in both rounds, the bound 5/3 then 16/9.
-    assert ratios["ddp2_over_plain"] == pytest.approx([1.6, 1.6])
-    assert ratios["independent2_speedup"] == pytest.approx([5 / 3, 16 / 9])
+    # Worked by hand: the headline is 1.6, 1.0, 1.6; the bound 1.6 in every round.
+    assert ratios["ddp2_over_plain"] == pytest.approx([1.6, 1.0, 1.6])
+    assert ratios["independent2_speedup"] == pytest.approx([1.6, 1.6, 1.6])
     assert ratios["ddp1_over_plain"] == pytest.approx([1.1, 1.0, 0.75])
+    assert ratios["ddp2_over_plain_separate"] == pytest.approx([1.6, 1.6])
 
 
 def test_a_ratio_is_the_median_of_its_rounds_with_quartiles_and_range():
@@ -122,7 +148,7 @@ def test_a_ratio_is_the_median_of_its_rounds_with_quartiles_and_range():
         spread_of([])
 
 
-def test_the_verdict_says_whether_the_two_timings_of_one_rank_agree():
+def test_the_verdict_says_whether_the_two_timings_agree():
     steps, processes = fake_timings()
 
     def notes() -> list[str]:
@@ -130,9 +156,11 @@ def test_the_verdict_says_whether_the_two_timings_of_one_rank_agree():
 
     assert notes()[0] == ("headline: DDP on 2 ranks x 1 thread trains 1.60x the samples/s of the "
                           "plain loop (1 process x 1 thread); two independent processes reach "
-                          "1.72x, the bound of this machine.")
+                          "1.60x, the bound of this machine.")
     # Interleaved: 1.1, 1.0, 0.75 (median 1.0); separate: 1.1, 1.2 (median 1.15).
-    assert notes()[1] == ("DDP's cost on 1 rank: interleaved 1.000 (IQR 0.875-1.050 over 3 rounds), "
+    assert notes()[1] == ("ddp1_over_plain: interleaved 1.000 (IQR 0.875-1.050 over 3 rounds), "
                           "separate processes 1.150 (range 1.100-1.200 over 2 rounds): they disagree.")
+    # Interleaved 1.6, 1.0, 1.6 (range 1.0-1.6); separate 1.6, 1.6.
+    assert notes()[2].endswith("(range 1.600-1.600 over 2 rounds): they agree.")
     processes["ddp1"] = [1.0, 2.1]  # separate: 1.0, 1.05; each median now inside the other's range
     assert notes()[1].endswith("(range 1.000-1.050 over 2 rounds): they agree.")
