@@ -71,7 +71,7 @@ def main():
     model = shard(make_model().to(device), mesh)
     for name, p in model.named_parameters():
         print(f"[rank {rank}] {name:8s} global {tuple(p.shape)} -> local {tuple(p.to_local().shape)}, "
-              f"placements {p.placements}", flush=True)
+              f"placements {p.placements}\n", end="", flush=True)  # one write: the ranks' lines never mix
     dist.barrier()
 
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)

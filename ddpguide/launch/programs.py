@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -27,6 +28,10 @@ from ddpguide.core.processes import descendants, signal_all
 
 #: Where the programs live in a checkout.
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+
+#: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
+#: on a terminal, and its OMP_NUM_THREADS notice, which comes without that prefix otherwise.
+_TORCHRUN_LOG = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|Setting OMP_NUM_THREADS )")
 
 
 class ProgramTimeout(TimeoutError):
@@ -49,6 +54,26 @@ class ProgramRun:
 
     def lines(self) -> list[str]:
         return self.output.splitlines()
+
+    def program_lines(self) -> list[str]:
+        """What the program printed, without torchrun's own log lines."""
+        return [line for line in self.lines() if not _TORCHRUN_LOG.match(line)]
+
+    def checks(self) -> list[str]:
+        """The lines that report a check (``check: ... OK`` or ``... FAILED``)."""
+        return [line.strip() for line in self.program_lines() if line.strip().startswith("check:")]
+
+    def text(self) -> str:
+        """The command, what the program printed, and how it ended, as a terminal shows it."""
+        return "\n".join([f"$ {self.command}", *self.program_lines(),
+                          f"(exit status {self.returncode}, {self.seconds:.1f} s)"])
+
+
+def torchrun(nproc: int) -> tuple[str, ...]:
+    """The launcher a reader types for ``nproc`` local workers (``run(..., launcher=...)``)."""
+    if nproc < 1:
+        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    return ("torchrun", "--standalone", f"--nproc-per-node={nproc}")
 
 
 def path_of(name: str) -> Path:

@@ -65,3 +65,23 @@ def test_the_diff_between_two_programs_is_computed(fake_programs):
 def test_an_unknown_program_is_named(fake_programs):
     with pytest.raises(FileNotFoundError, match="no program 'nope.py'"):
         programs.show("nope.py")
+
+
+def test_checks_and_text_leave_out_torchruns_own_log_lines(fake_programs):
+    (fake_programs / "checks.py").write_text(
+        "import sys\n"
+        "print('W1201 04:53:33.603000 6362 torch/distributed/run.py:982] *****', file=sys.stderr)\n"
+        "print('Setting OMP_NUM_THREADS environment variable for each process to be 1')\n"
+        "print('  check: shards add up: OK')\nprint('plain line')\nprint('check: all equal: FAILED')\n")
+    done = programs.run("checks.py", echo=False)
+    assert done.checks() == ["check: shards add up: OK", "check: all equal: FAILED"]
+    assert done.text().splitlines()[:4] == ["$ python checks.py", "  check: shards add up: OK",
+                                            "plain line", "check: all equal: FAILED"]
+    assert done.text().splitlines()[-1].startswith("(exit status 0, ")
+    assert len(done.lines()) == 5
+
+
+def test_the_torchrun_launcher_is_the_readers_command():
+    assert programs.torchrun(4) == ("torchrun", "--standalone", "--nproc-per-node=4")
+    with pytest.raises(ValueError, match="nproc must be >= 1, got 0"):
+        programs.torchrun(0)

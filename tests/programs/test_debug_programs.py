@@ -27,9 +27,8 @@ DETAIL = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}
 
 
 def agent(name: str, program: str, args=(), env=None, options=()) -> Agent:
-    # buffered output, so that each worker's line reaches the log in one piece
-    return Agent(name, LAUNCHER + tuple(options), str(PROGRAMS / program), tuple(args),
-                 {"PYTHONUNBUFFERED": "", **(env or {})})
+    # torchrun starts each worker with python -u: the programs write each line in one piece
+    return Agent(name, LAUNCHER + tuple(options), str(PROGRAMS / program), tuple(args), env or {})
 
 
 @pytest.fixture(scope="module")

@@ -3,45 +3,24 @@
 from __future__ import annotations
 
 import ast
-import os
-import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ddpguide.launch.programs import ProgramRun, run, torchrun
+
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 ALLOWED = {"torch", "torchvision", "numpy", "sklearn"}
 
 
-def run_program(path: Path, nproc: int = 2, timeout: float = 240.0) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node=N path``, its whole process group killed on timeout."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", path.name]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    process = subprocess.Popen(command, cwd=path.parent, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{path.name} did not finish within {timeout:g} s:\n{output[-3000:]}")
-    return subprocess.CompletedProcess(command, process.returncode, output)
+_RUNS: dict[str, ProgramRun] = {}
 
 
-_RUNS: dict[str, subprocess.CompletedProcess] = {}
-
-
-def ran(name: str, tmp_path_factory) -> subprocess.CompletedProcess:
-    """The result of running a copy of the program (once per test module)."""
+def ran(name: str) -> ProgramRun:
+    """The reader's command on a copy of the program alone in a fresh folder (once per module)."""
     if name not in _RUNS:
-        copy = tmp_path_factory.mktemp(name.removesuffix(".py")) / name
-        shutil.copy(PROGRAMS / name, copy)
-        result = run_program(copy)
-        _RUNS[name] = result
+        _RUNS[name] = run(name, launcher=torchrun(2), timeout=240, expect=None, echo=False)
     return _RUNS[name]
 
 
@@ -49,12 +28,12 @@ def ran(name: str, tmp_path_factory) -> subprocess.CompletedProcess:
     ("zero1.py", 1), ("fsdp2.py", 2), ("zero3_by_hand.py", 1),
 ])
 @pytest.mark.timeout(600)
-def test_program_runs_standalone_and_its_checks_pass(tmp_path_factory, name, checks):
-    result = ran(name, tmp_path_factory)
-    assert result.returncode == 0, result.stdout[-3000:]
-    passed = [line for line in result.stdout.splitlines() if line.startswith("check passed:")]
-    assert len(passed) == checks, result.stdout[-3000:]
-    assert "check FAILED" not in result.stdout
+def test_program_runs_standalone_and_its_checks_pass(name, checks):
+    result = ran(name)
+    assert result.returncode == 0, result.output[-3000:]
+    passed = [line for line in result.output.splitlines() if line.startswith("check passed:")]
+    assert len(passed) == checks, result.output[-3000:]
+    assert "check FAILED" not in result.output
 
 
 @pytest.mark.parametrize("name", ["zero1.py", "fsdp2.py", "zero3_by_hand.py"])
@@ -70,8 +49,8 @@ def test_program_imports_only_torch_and_the_standard_library(name):
 
 
 @pytest.mark.timeout(600)
-def test_fsdp2_program_prints_the_shards_and_the_collectives(tmp_path_factory):
-    out = ran("fsdp2.py", tmp_path_factory).stdout
+def test_fsdp2_program_prints_the_shards_and_the_collectives():
+    out = ran("fsdp2.py").output
     assert "[rank 0] 2.weight global (5, 10) -> local (3, 10), placements (Shard(dim=0),)" in out
     assert "[rank 1] 2.weight global (5, 10) -> local (2, 10), placements (Shard(dim=0),)" in out
     assert "forward         all_gather      S(0) -> B   x3" in out
@@ -81,8 +60,8 @@ def test_fsdp2_program_prints_the_shards_and_the_collectives(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-def test_zero3_program_pads_and_frees(tmp_path_factory):
-    out = ran("zero3_by_hand.py", tmp_path_factory).stdout
+def test_zero3_program_pads_and_frees():
+    out = ran("zero3_by_hand.py").output
     assert "[rank 0] 4.bias     3 elements -> shard of 2 (the flat tensor ends with 1 zero of padding)" in out
     assert "collectives of one step: {'all_gather': 12, 'reduce_scatter': 6}" in out
     assert "and 0 bytes of full parameters" in out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpguide.sharding.tp_programs import run_program
+from ddpguide.launch.programs import run, torchrun
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 NAMES = ("tensor_parallel.py", "fsdp_tp_2d.py", "dcp_reshard.py")
@@ -25,6 +25,12 @@ def copies(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def run_program(name: str, nproc: int, args=(), timeout: float = 240.0, workdir=None):
+    """The reader's command on a copy of the program alone in a fresh folder."""
+    return run(name, *args, launcher=torchrun(nproc), timeout=timeout, expect=None, echo=False,
+               workdir=workdir)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_programs_import_only_torch_and_the_standard_library(name):
     tree = ast.parse((PROGRAMS / name).read_text())
@@ -36,8 +42,8 @@ def test_programs_import_only_torch_and_the_standard_library(name):
 
 
 @pytest.mark.timeout(300)
-def test_tensor_parallel_program(copies):
-    launch = run_program(copies / "tensor_parallel.py", 2, timeout=240)
+def test_tensor_parallel_program():
+    launch = run_program("tensor_parallel.py", 2, timeout=240)
     assert launch.returncode == 0, launch.text()
     checks = launch.checks()
     assert len(checks) == 3 and all(c.endswith(": OK") for c in checks), launch.text()
@@ -50,8 +56,8 @@ def test_tensor_parallel_program(copies):
 
 
 @pytest.mark.timeout(400)
-def test_fsdp_tp_2d_program(copies):
-    launch = run_program(copies / "fsdp_tp_2d.py", 4, timeout=360)
+def test_fsdp_tp_2d_program():
+    launch = run_program("fsdp_tp_2d.py", 4, timeout=360)
     assert launch.returncode == 0, launch.text()
     checks = launch.checks()
     assert len(checks) == 2 and all(c.endswith(": OK") for c in checks), launch.text()
@@ -59,13 +65,14 @@ def test_fsdp_tp_2d_program(copies):
 
 
 @pytest.mark.timeout(500)
-def test_dcp_program_saves_with_2_and_loads_with_3(copies):
-    checkpoint = copies / "ckpt"
-    saved = run_program(copies / "dcp_reshard.py", 2, ["--dir", str(checkpoint)], timeout=240)
+def test_dcp_program_saves_with_2_and_loads_with_3(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    saved = run_program("dcp_reshard.py", 2, ["--dir", str(checkpoint)], timeout=240, workdir=tmp_path)
     assert saved.returncode == 0, saved.text()
     assert sorted(p.name for p in checkpoint.iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "full_state.pt"]
-    loaded = run_program(copies / "dcp_reshard.py", 3, ["--dir", str(checkpoint), "--load"], timeout=240)
+    loaded = run_program("dcp_reshard.py", 3, ["--dir", str(checkpoint), "--load"], timeout=240,
+                         workdir=tmp_path)
     assert loaded.returncode == 0, loaded.text()
     assert loaded.checks() == ["check: saved by 2 ranks, loaded by 3: 32 of 32 tensors "
                                "(model and Adam state) identical: OK"], loaded.text()

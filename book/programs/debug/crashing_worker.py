@@ -36,8 +36,10 @@ def load_batch(rank: int, index: int) -> torch.Tensor:
 def main() -> None:
     device = start()
     rank = dist.get_rank()
-    print(f"[rank {rank}] started (this goes to stdout)", flush=True)
-    print(f"[rank {rank}] a warning (this goes to stderr)", file=sys.stderr, flush=True)
+    # One write per line: torchrun runs python -u, where print() writes the text and the
+    # newline separately, and another rank's line can land between the two.
+    print(f"[rank {rank}] started (this goes to stdout)\n", end="", flush=True)
+    print(f"[rank {rank}] a warning (this goes to stderr)\n", end="", file=sys.stderr, flush=True)
     for index in range(5):
         batch = load_batch(rank, index).to(device)
         dist.all_reduce(batch)

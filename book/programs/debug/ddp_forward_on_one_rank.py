@@ -36,14 +36,17 @@ def main() -> None:
     try:
         if rank == 0:  # the bug
             loss = model(torch.randn(16, 8, device=device)).pow(2).mean()
-            print(f"[rank {rank}] forward done, starting backward", flush=True)
+            # One write per line: torchrun runs python -u, where print() writes the text and the
+            # newline separately, and another rank's line can land between the two.
+            print(f"[rank {rank}] forward done, starting backward\n", end="", flush=True)
             loss.backward()  # DDP's hooks all-reduce the gradients here
-            print(f"[rank {rank}] backward done", flush=True)
-        print(f"[rank {rank}] waiting at the barrier", flush=True)
+            print(f"[rank {rank}] backward done\n", end="", flush=True)
+        print(f"[rank {rank}] waiting at the barrier\n", end="", flush=True)
         dist.barrier()
-        print(f"[rank {rank}] done", flush=True)
+        print(f"[rank {rank}] done\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

@@ -36,7 +36,9 @@ def train(model: DDP, optimizer: torch.optim.Optimizer, batches: list[torch.Tens
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    print(f"[rank {rank}] trained on all {len(batches)} of my batches", flush=True)
+    # One write per line: torchrun runs python -u, where print() writes the text and the
+    # newline separately, and another rank's line can land between the two.
+    print(f"[rank {rank}] trained on all {len(batches)} of my batches\n", end="", flush=True)
 
 
 def main() -> None:
@@ -58,9 +60,10 @@ def main() -> None:
         else:
             train(model, optimizer, batches, rank)
         dist.barrier()  # e.g. before rank 0 saves a checkpoint
-        print(f"[rank {rank}] done after {time.monotonic() - started:.1f} s", flush=True)
+        print(f"[rank {rank}] done after {time.monotonic() - started:.1f} s\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

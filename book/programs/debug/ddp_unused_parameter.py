@@ -61,14 +61,17 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            print(f"[rank {rank}] step {step}: loss {loss.item():.4f}", flush=True)
+            # One write per line: torchrun runs python -u, where print() writes the text and the
+            # newline separately, and another rank's line can land between the two.
+            print(f"[rank {rank}] step {step}: loss {loss.item():.4f}\n", end="", flush=True)
         weight = model.module.classifier.weight.detach().clone()
         replicas = [torch.zeros_like(weight) for _ in range(dist.get_world_size())]
         dist.all_gather(replicas, weight)
         same = all(torch.equal(replicas[0], other) for other in replicas)
-        print(f"[rank {rank}] the ranks' classifier weights are identical: {same}", flush=True)
+        print(f"[rank {rank}] the ranks' classifier weights are identical: {same}\n",
+              end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError: {error}\n", end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

@@ -35,10 +35,12 @@ def exchange(rank: int, world: int, device: torch.device) -> torch.Tensor:
 def main() -> None:
     device = start()
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"[rank {rank}] pid {os.getpid()}: exchanging with my neighbours", flush=True)
+    # One write per line: torchrun runs python -u, where print() writes the text and the
+    # newline separately, and another rank's line can land between the two.
+    print(f"[rank {rank}] pid {os.getpid()}: exchanging with my neighbours\n", end="", flush=True)
     try:
         exchange(rank, world, device)
-        print(f"[rank {rank}] done", flush=True)
+        print(f"[rank {rank}] done\n", end="", flush=True)
     finally:
         dist.destroy_process_group()
 

@@ -56,10 +56,14 @@ def main() -> None:
         for step in range(3):
             train_step(step, rank, device)
         dist.barrier()
-        print(f"[rank {rank}] done", flush=True)
+        # One write per line: torchrun runs python -u, where print() writes the text and the
+        # newline separately, and another rank's line can land between the two.
+        print(f"[rank {rank}] done\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
-        print(f"[rank {rank}] flight record written to {dump_flight_record(rank)}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
+        print(f"[rank {rank}] flight record written to {dump_flight_record(rank)}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

@@ -30,15 +30,18 @@ def main() -> None:
     # monitored_barrier runs on gloo only: with nccl, give it a gloo group of the same ranks.
     checkpoint_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     if rank == 1:
-        print(f"[rank {rank}] loading a shard that never comes...", flush=True)
+        # One write per line: torchrun runs python -u, where print() writes the text and the
+        # newline separately, and another rank's line can land between the two.
+        print(f"[rank {rank}] loading a shard that never comes...\n", end="", flush=True)
         time.sleep(60)  # the bug: stuck (torchrun stops this rank once rank 0 has failed)
     started = time.monotonic()
     try:
         dist.monitored_barrier(group=checkpoint_group, timeout=datetime.timedelta(seconds=3),
                                wait_all_ranks=True)
-        print(f"[rank {rank}] every rank arrived", flush=True)
+        print(f"[rank {rank}] every rank arrived\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

@@ -33,15 +33,18 @@ def main() -> None:
         for step in range(2):
             gradient = torch.full((4,), float(rank + step), device=device)
             dist.all_reduce(gradient)  # every rank: fine
-        print(f"[rank {rank}] 2 training steps done", flush=True)
+        # One write per line: torchrun runs python -u, where print() writes the text and the
+        # newline separately, and another rank's line can land between the two.
+        print(f"[rank {rank}] 2 training steps done\n", end="", flush=True)
         if rank == 0:
             # The bug: the evaluation sums its counts over ranks, but only rank 0 evaluates.
             correct = torch.tensor([42.0], device=device)
             dist.all_reduce(correct)
         dist.barrier()  # e.g. before saving a checkpoint
-        print(f"[rank {rank}] done", flush=True)
+        print(f"[rank {rank}] done\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()

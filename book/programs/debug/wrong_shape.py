@@ -34,14 +34,17 @@ def main() -> None:
     started = time.monotonic()
     try:
         dist.all_reduce(gradient)
-        print(f"[rank {rank}] all_reduce returned {gradient.tolist()}", flush=True)
+        # One write per line: torchrun runs python -u, where print() writes the text and the
+        # newline separately, and another rank's line can land between the two.
+        print(f"[rank {rank}] all_reduce returned {gradient.tolist()}\n", end="", flush=True)
         # The rest of the step (optimizer, next batch): the sleep stands for it. Rank 1 reaches
         # the barrier a whole timeout after rank 0 began to wait, so rank 0's timeout comes first.
         time.sleep(TIMEOUT.total_seconds())
         dist.barrier()
-        print(f"[rank {rank}] done", flush=True)
+        print(f"[rank {rank}] done\n", end="", flush=True)
     except RuntimeError as error:
-        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}", flush=True)
+        print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
+              end="", flush=True)
         raise SystemExit(1)
     finally:
         dist.destroy_process_group()
