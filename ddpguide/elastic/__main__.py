@@ -14,7 +14,7 @@ from ddpguide.elastic.settings import (
     TUNED_RDZV_CONF,
     UsageError,
 )
-from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WORKER_FIELDS, WorkerArgs
 
 if TYPE_CHECKING:
     from ddpguide.elastic.checks import DemoPlan
@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="host the rendezvous store in a separate process")
     demo.add_argument("--torchrun-defaults", action="store_true",
                       help="torchrun's rendezvous timings instead of the tuned ones (slow)")
+    demo.add_argument("--strategy", choices=STRATEGIES, default=DemoSettings.strategy,
+                      help=f"how the workers train. {WORKER_FIELDS['strategy'].metadata['help']} "
+                           f"(default {DemoSettings.strategy})")
 
     node = sub.add_parser("node", help="this machine's torchrun agent (one per machine)",
                           description="Run one machine's torchrun agent with tuned rendezvous "
@@ -95,7 +98,10 @@ def _demo(plan: DemoPlan) -> int:
     from ddpguide.elastic.demo import DemoError, run_demo
     from ddpguide.elastic.report import summary
 
-    print("elastic demo: torchrun agents on 127.0.0.1 (Ctrl-C stops everything)", flush=True)
+    sharded = (" with FSDP2 workers and a sharded (DCP) checkpoint"
+               if plan.settings.strategy == "fsdp" else "")
+    print(f"elastic demo: torchrun agents on 127.0.0.1{sharded} (Ctrl-C stops everything)",
+          flush=True)
     try:
         report = run_demo(plan.workdir, plan.settings, plan.report,
                           echo=lambda line: print(line, flush=True))

@@ -90,7 +90,7 @@ def check_output_file(option: str, path: str) -> Path:
     return target
 
 
-def check_checkpoint(path: str) -> None:
+def check_checkpoint(path: str, strategy: str = "ddp") -> None:
     """A checkpoint path must be writable, and an existing checkpoint must fit the model."""
     from ddpguide.core.checkpoint import (
         CheckpointError,
@@ -99,13 +99,45 @@ def check_checkpoint(path: str) -> None:
     )
     from ddpguide.core.models import ToyModel
 
+    if strategy == "fsdp":
+        return _check_sharded_checkpoint(path)
     if Path(path).is_dir():
-        raise UsageError(f"--checkpoint {path}: is a directory")
+        from ddpguide.sharding.dcp import is_checkpoint
+
+        raise UsageError(f"--checkpoint {path}: is " + (
+            "a sharded checkpoint (a DCP directory): resume it with --strategy fsdp"
+            if is_checkpoint(path) else "a directory"))
     try:
         check_writable_directory(path)
         with _warnings_as_notes():
             check_checkpoint_fits(path, ToyModel())
     except CheckpointError as exc:
+        raise UsageError(f"--checkpoint {path}: {exc}") from None
+
+
+def _check_sharded_checkpoint(path: str) -> None:
+    """``--strategy fsdp``: a DCP directory of the toy model, or where one can be made.
+
+    An existing checkpoint's saved keys and global shapes are compared with the
+    toy model's: only its metadata is read, no tensor.
+    """
+    from ddpguide.core import checkpoint as one_file
+    from ddpguide.core.models import ToyModel
+    from ddpguide.sharding import dcp
+
+    for name in (Path(path), one_file.previous_path(path)):
+        if name.exists() and not name.is_dir():
+            raise UsageError(f"--checkpoint {path}: {name} is a file, not a directory: a one-file "
+                             "checkpoint is --strategy ddp's (--strategy fsdp saves a DCP directory)")
+    try:
+        one_file.check_writable_directory(path)
+        problem = dcp.target_problem(Path(path).absolute())
+        if problem:
+            raise UsageError(f"--checkpoint {path}: {problem}")
+        found = dcp.find_checkpoint(path)
+        if found is not None:
+            dcp.check_fits(ToyModel(), found)
+    except (one_file.CheckpointError, dcp.CheckpointMismatch) as exc:
         raise UsageError(f"--checkpoint {path}: {exc}") from None
 
 
@@ -212,14 +244,15 @@ def check_node(args: argparse.Namespace) -> NodeOptions:
         from ddpguide.core.checkpoint import previous_path
 
         events = check_output_file("--events", worker.events)
-        if events in (checkpoint, previous_path(checkpoint)):
+        # (a sharded checkpoint is a directory, whose files every save replaces)
+        if {events, events.parent} & {checkpoint, previous_path(checkpoint)}:
             raise UsageError(f"--events {worker.events}: would write into the checkpoint")
     if args.start_when is not None:
         folder = Path(args.start_when).resolve().parent
         if not folder.is_dir():
             raise UsageError(f"--start-when {args.start_when}: directory {folder} does not "
                              "exist (the agent would wait for ever)")
-    check_checkpoint(worker.checkpoint)
+    check_checkpoint(worker.checkpoint, worker.strategy)
     if settings.may_host_store:
         check_endpoint(settings)
     # Absolute paths: the printed torchrun command must work from any directory.
@@ -250,7 +283,7 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
         check_output_file("--report", args.report)
     settings = DemoSettings(epochs=args.epochs, step_delay=args.step_delay,
                             external_store=args.external_store,
-                            torchrun_defaults=args.torchrun_defaults,
+                            torchrun_defaults=args.torchrun_defaults, strategy=args.strategy,
                             # torchrun's defaults wait up to 45 s for a lost node
                             phase_timeout_s=150.0 if args.torchrun_defaults else 60.0)
     return DemoPlan(settings, args.workdir, args.report)

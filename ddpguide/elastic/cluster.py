@@ -60,6 +60,7 @@ class LocalCluster:
     max_restarts: int = 3
     torchrun_defaults: bool = False
     samples: int = WorkerArgs.samples
+    strategy: str = WorkerArgs.strategy
     port: int = field(default_factory=store_port)
     nodes: dict[str, Node] = field(default_factory=dict)
     all_events: list[dict] = field(default_factory=list)
@@ -68,7 +69,9 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint = self.workdir / "checkpoint.pt"
+        # ddp: one file that rank 0 writes; fsdp: a directory of every rank's shards.
+        self.checkpoint = self.workdir / ("checkpoint" if self.strategy == "fsdp"
+                                          else "checkpoint.pt")
         self.events_path = self.workdir / "events.jsonl"
         self.events = EventTail(self.events_path)
 
@@ -77,7 +80,7 @@ class LocalCluster:
         """The command line of one node (node mode of this package)."""
         worker = WorkerArgs(checkpoint=str(self.checkpoint), epochs=self.epochs,
                             events=str(self.events_path), step_delay=self.step_delay,
-                            samples=self.samples)
+                            samples=self.samples, strategy=self.strategy)
         cmd = [sys.executable, "-m", "ddpguide.elastic", "node",
                "--nnodes", self.nnodes, "--nproc-per-node", str(nproc),
                "--rdzv-endpoint", f"{LOOPBACK}:{self.port}", "--rdzv-id", "ddpguide-demo",

@@ -3,7 +3,8 @@
 Node A starts alone with 2 workers. After a few epochs node B joins (world
 size 4, training resumes from the checkpoint); later B leaves (back to 2);
 later one of A's workers is killed with SIGKILL and torchrun restarts the
-group. Every step is driven by what the workers report, not by a clock, so a
+group. With ``strategy="fsdp"`` the workers shard the model with FSDP2 and
+every new group reshards the checkpoint the previous one saved. Every step is driven by what the workers report, not by a clock, so a
 slow machine gives the same story, only slower.
 """
 
@@ -44,6 +45,7 @@ class DemoSettings:
     phase_timeout_s: float = 60.0
     external_store: bool = False
     torchrun_defaults: bool = False
+    strategy: str = "ddp"         # or fsdp: FSDP2 workers and a sharded (DCP) checkpoint
 
 
 def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = None,
@@ -55,7 +57,8 @@ def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = 
     workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-")) if own_dir else Path(workdir)
     log = RunLog(echo=echo)
     cluster = LocalCluster(workdir, epochs=settings.epochs, step_delay=settings.step_delay,
-                           nnodes=settings.nnodes, torchrun_defaults=settings.torchrun_defaults)
+                           nnodes=settings.nnodes, torchrun_defaults=settings.torchrun_defaults,
+                           strategy=settings.strategy)
     try:
         with cluster:
             if settings.external_store:

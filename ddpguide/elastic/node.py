@@ -51,7 +51,7 @@ def run_node(options: NodeOptions) -> int:
     if settings.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does, before anything forks
     if options.warm:
-        _start_forkserver()
+        _start_forkserver(worker.strategy)
         _plain_agent_logging()
     argv = [*settings.torchrun_args(), "--start-method", "forkserver" if options.warm else "spawn",
             "-m", "ddpguide.elastic.worker", *worker.argv()]
@@ -104,18 +104,22 @@ def _plain_agent_logging() -> None:
         logger.propagate = False
 
 
-def _start_forkserver() -> None:
+def _start_forkserver(strategy: str) -> None:
     """Start multiprocessing's forkserver now, importing torch and the worker in it.
 
     The forkserver is single-threaded, so forking it is safe; every worker
     (re)start is then a fork of a process that has paid for ``import torch``
-    and for the ``torch._dynamo`` import that DDP's constructor triggers.
+    and for the ``torch._dynamo`` import that DDP's constructor triggers (and,
+    for ``fsdp``, for FSDP2 and distributed checkpointing).
     """
     import multiprocessing
     from multiprocessing import forkserver
 
     os.environ["DDPGUIDE_AGENT_PID"] = str(os.getpid())  # see ddpguide.elastic.warm
-    multiprocessing.set_forkserver_preload(["ddpguide.elastic.warm"])
+    preload = ["ddpguide.elastic.warm"]
+    if strategy == "fsdp":
+        preload.append("ddpguide.elastic.sharded")
+    multiprocessing.set_forkserver_preload(preload)
     forkserver.ensure_running()
 
 

@@ -2,7 +2,9 @@
 
 Which epochs finished is read from the final checkpoint, which carries the
 history of every epoch that was saved (an epoch interrupted by a restart is
-not in it; a saved epoch is never run again). The event file adds times.
+not in it; a saved epoch is never run again): the one file of ``ddp``, or the
+``extra`` of the DCP directory of ``fsdp``. The event file adds times, and with
+``fsdp`` the world size that saved the checkpoint each group resumed from.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ class RunLog:
         ws, t = e["world_size"], e["t"]
         if e["event"] == "start":
             how = f"resumes at epoch {e['epoch']}" if e["resumed"] else "starts at epoch 0"
+            # Only sharded workers report who saved: their groups reshard what they load.
+            saved_by = {"saved_by": e["saved_by"]} if e.get("saved_by") else {}
+            if saved_by:
+                how += f" from shards saved by {e['saved_by']} ranks"
             self._add(t, "group_start", f"worker group of {ws} {how} "
                       f"(node {e['node']}, restart count {e['restart']})",
-                      world_size=ws, epoch=e["epoch"], restart=e["restart"], node=e["node"])
+                      world_size=ws, epoch=e["epoch"], restart=e["restart"], node=e["node"],
+                      **saved_by)
         elif e["event"] == "first_step":
             text = f"first step at world size {ws}"
             pending = self._pending
@@ -75,7 +82,12 @@ class RunLog:
             self._add(t, "finished", "training finished", world_size=ws)
 
 
-def _history(checkpoint) -> list[dict[str, Any]]:
+def _history(checkpoint, strategy: str = "ddp") -> list[dict[str, Any]]:
+    if strategy == "fsdp":
+        from ddpguide.sharding.dcp import find_checkpoint, read_extra
+
+        return list(read_extra(checkpoint).get("history", [])) \
+            if find_checkpoint(checkpoint) else []
     from ddpguide.core.checkpoint import load_checkpoint
 
     state = load_checkpoint(checkpoint)
@@ -84,7 +96,8 @@ def _history(checkpoint) -> list[dict[str, Any]]:
 
 def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
     """The JSON report: events, completed epochs in order, recoveries, world sizes."""
-    history = _history(cluster.checkpoint)
+    strategy = getattr(settings, "strategy", "ddp")
+    history = _history(cluster.checkpoint, strategy)
     epoch_times = {}
     for entry in log.entries:
         if entry["event"] == "epoch":
@@ -99,12 +112,13 @@ def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
     return {
         "settings": {"epochs": settings.epochs, "step_delay_s": settings.step_delay,
                      "nnodes": settings.nnodes, "torchrun_defaults": settings.torchrun_defaults,
-                     "external_store": settings.external_store},
+                     "external_store": settings.external_store, "strategy": strategy},
         "events": log.entries,
         "epochs": epochs,
         "epochs_reported_twice": sorted(k for k, n in reported.items() if n > 1),
         "groups": [{"time_s": g["time_s"], "world_size": g["world_size"],
-                    "start_epoch": g["epoch"], "restart": g["restart"], "node": g["node"]}
+                    "start_epoch": g["epoch"], "restart": g["restart"], "node": g["node"],
+                    **({"saved_by": g["saved_by"]} if "saved_by" in g else {})}
                    for g in groups],
         "world_sizes": [g["world_size"] for g in groups],
         "recoveries": log.recoveries,
@@ -126,6 +140,11 @@ def summary(report: dict[str, Any]) -> str:
         f"{'each exactly once' if once else 'NOT each exactly once'} "
         f"({', '.join(f'{n} at world size {s}' for s, n in sorted(per_size.items()))})",
     ]
+    reshards = [f"{g['saved_by']} -> {g['world_size']} ranks" for g in report["groups"]
+                if g.get("saved_by", g["world_size"]) != g["world_size"]]
+    if report["settings"].get("strategy") == "fsdp":
+        lines.append(f"  sharded checkpoint (FSDP2 + DCP), resharded on load: "
+                     f"{', '.join(reshards) or 'never'}")
     for r in report["recoveries"]:
         lines.append(f"  {r['cause']:>5}: {r['seconds']:.1f} s to the first step at world "
                      f"size {r['world_size']} (resumed at epoch {r['epoch']})")

@@ -4,11 +4,12 @@
 ``torchrun ... -m ddpguide.elastic.worker`` execs it (:func:`main`).
 
 It is the book's training core (:func:`ddpguide.train.loop.fit`) on the seed's toy
-model, with three additions that make elasticity safe and visible:
+model (with ``--strategy fsdp``, its sharded twin :func:`ddpguide.elastic.sharded.fit_sharded`),
+with three additions that make elasticity safe and visible:
 
-* the training state lives in a checkpoint that rank 0 writes atomically after
-  every epoch, so a restarted group (of any size) continues after the last
-  finished epoch;
+* the training state lives in a checkpoint written atomically after every
+  epoch (by rank 0; with ``fsdp`` by every rank, its own shards), so a
+  restarted group (of any size) continues after the last finished epoch;
 * a ``--step-delay`` sleep per step stands in for real compute, so that the
   demo's joins, departures and crashes land in the middle of training;
 * rank 0 reports what happens (start, resume epoch, first step, every finished
@@ -76,7 +77,12 @@ def run(args: WorkerArgs) -> None:
     config = TrainConfig(model="toy", epochs=args.epochs, batch_size=args.batch_size,
                          checkpoint=args.checkpoint, step_delay_s=args.step_delay,
                          progress=False, log=True)
-    fit(config, data=toy_data(args.samples), on_event=on_event)
+    if args.strategy == "fsdp":
+        from ddpguide.elastic.sharded import fit_sharded
+
+        fit_sharded(config, toy_data(args.samples), on_event=on_event)
+    else:
+        fit(config, data=toy_data(args.samples), on_event=on_event)
     if events and rank == 0:
         events.write("finished")
     cleanup()

@@ -24,6 +24,7 @@ from ddpguide.elastic.settings import UsageError
 MAX_SAMPLES = 1_000_000
 MAX_STEP_DELAY_S = 60.0   # a stand-in for compute, not a way to stall a job
 MAX_TIMEOUT_S = 86_400.0  # datetime.timedelta and the stores take any day-sized timeout
+STRATEGIES = ("ddp", "fsdp")
 
 
 def _option(help: str, type: type, metavar: str | None = None, node_flag: str | None = None,
@@ -38,7 +39,7 @@ class WorkerArgs:
     """The options of ``python -m ddpguide.elastic.worker`` (one field per option)."""
 
     checkpoint: str = field(metadata=_option(
-        "checkpoint file shared by all nodes", str, "PATH"))
+        "checkpoint shared by all nodes: a file, or a directory with --strategy fsdp", str, "PATH"))
     epochs: int = field(default=12, metadata=_option("epochs to train in all", int, "N"))
     events: str | None = field(default=None, metadata=_option(
         "append JSON-lines events to this file", str, "PATH"))
@@ -48,6 +49,9 @@ class WorkerArgs:
     batch_size: int = field(default=16, metadata=_option("samples per step, per worker", int, "N"))
     timeout: float = field(default=30.0, metadata=_option(
         "seconds before a collective gives up", float, "SECONDS", node_flag="--worker-timeout"))
+    strategy: str = field(default="ddp", metadata=_option(
+        "ddp: DDP, rank 0 saves one checkpoint file; fsdp: FSDP2 (fully_shard), every rank "
+        "saves its shards into a DCP directory", str, choices=STRATEGIES))
 
     @staticmethod
     def flag(name: str, node: bool = False) -> str:
@@ -127,6 +131,10 @@ class WorkerArgs:
         if not (math.isfinite(self.timeout) and 0 < self.timeout <= MAX_TIMEOUT_S):
             raise bad("timeout", self.timeout,
                       f"must be a number of seconds above 0, at most {MAX_TIMEOUT_S:g}")
+        for f in fields(self):  # argparse checks choices; a WorkerArgs built in code is checked here
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                raise bad(f.name, getattr(self, f.name), f"must be one of {', '.join(choices)}")
         return self
 
 

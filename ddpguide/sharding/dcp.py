@@ -181,8 +181,9 @@ def check_fits(model: nn.Module, directory: str | os.PathLike) -> None:
 
 # ---------------------------------------------------------------- save and load
 
-def _check_target(directory: Path) -> str | None:
-    """Why ``directory`` cannot receive a checkpoint, or None (rank 0 checks before writing)."""
+def target_problem(directory: Path) -> str | None:
+    """Why ``directory`` cannot receive a checkpoint, or None (rank 0 checks before writing;
+    a command line checks before it starts anything)."""
     if not directory.parent.is_dir():
         return f"checkpoint directory {str(directory)!r}: its parent does not exist"
     if directory.exists() and not directory.is_dir():
@@ -226,7 +227,7 @@ def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     directory = Path(directory).absolute()
     problem, temporary = None, None
     if _rank() == 0:
-        problem = _check_target(directory)
+        problem = target_problem(directory)
         if problem is None:
             _remove_stale_temporaries(directory)
             temporary = tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent)
@@ -280,5 +281,16 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+    return read_extra(found)
+
+
+def read_extra(directory: str | os.PathLike) -> dict[str, Any]:
+    """The ``extra`` dict of the checkpoint at ``directory`` (or its ``.prev``), no tensors read.
+
+    Raises ``FileNotFoundError`` if there is no checkpoint.
+    """
+    found = find_checkpoint(directory)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint at {directory}")
     extra_file = found / EXTRA_FILE
     return torch.load(extra_file, weights_only=True) if extra_file.exists() else {}

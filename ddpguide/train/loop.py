@@ -153,6 +153,30 @@ def evaluate(model: nn.Module, dataset, batch_size: int, env: DistEnv, device: t
 EventHook = Callable[..., None]
 
 
+def run_steps(batches, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+              config: TrainConfig, device: torch.device, emit: EventHook, epoch: int,
+              world_size: int, stepped: bool) -> torch.Tensor:
+    """One epoch of ``step(inputs, labels) -> loss``; returns this rank's ``[loss sum, steps]``.
+
+    Moves each batch to ``device``, stops after ``config.max_steps_per_epoch``,
+    sleeps ``config.step_delay_s`` after each step, and emits ``"first_step"``
+    on the first step of the process (``stepped``: whether an earlier epoch took one).
+    """
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
+    for index, (inputs, labels) in enumerate(batches):
+        if config.max_steps_per_epoch is not None and index >= config.max_steps_per_epoch:
+            break
+        loss = step(inputs.to(device), labels.to(device))
+        loss_sum[0] += loss.detach().double()
+        loss_sum[1] += 1
+        if not stepped:
+            stepped = True
+            emit("first_step", epoch=epoch, world_size=world_size)
+        if config.step_delay_s:
+            time.sleep(config.step_delay_s)
+    return loss_sum
+
+
 def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None = None, *,
         data: DataSplits | None = None, on_event: EventHook | None = None) -> TrainResult:
     """Train (and evaluate) with ``config`` on this rank; every rank calls it.
@@ -200,31 +224,25 @@ def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None
     result = TrainResult(data.name, env.world_size, env.rank, start_epoch, history=history)
     emit("start", epoch=start_epoch, resumed=start_epoch > 0, world_size=env.world_size)
     started = time.perf_counter()
-    first_step = True
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with amp_mod.autocast(settings):
+            loss = criterion(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        result.step_losses.append(loss.item())
+        return loss
+
+    stepped = False
     model.train()
     for epoch in range(start_epoch, config.epochs):
         epoch_start = time.perf_counter()
         loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
         batches = progress(loader, config.progress, desc=f"epoch {epoch}")
-        for step, (images, labels) in enumerate(batches):
-            if config.max_steps_per_epoch is not None and step >= config.max_steps_per_epoch:
-                break
-            images, labels = images.to(device), labels.to(device)
-            with amp_mod.autocast(settings):
-                loss = criterion(model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            result.step_losses.append(loss.item())
-            loss_sum[0] += loss.detach().double()
-            loss_sum[1] += 1
-            if first_step:
-                first_step = False
-                emit("first_step", epoch=epoch, world_size=env.world_size)
-            if config.step_delay_s:
-                time.sleep(config.step_delay_s)
+        loss_sum = run_steps(batches, step, config, device, emit, epoch, env.world_size, stepped)
+        stepped = stepped or bool(loss_sum[1] > 0)
         if _distributed():
             dist.all_reduce(loss_sum)
         # Steps summed over ranks, so every rank agrees: an epoch without one
