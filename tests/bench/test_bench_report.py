@@ -61,7 +61,7 @@ def test_the_json_reads_back_to_the_same_report(tmp_path):
     # what the appendix reads from it: each ratio beside its anchor
     [(name, value, anchor)] = ratio_rows(data)
     assert (name, value) == ("ddp2_speedup", 1.5625)
-    assert anchor.meaning == "2 ranks / DDP on 1 rank, throughput, ConvNet"
+    assert anchor.meaning == "2 ranks / DDP on 1 rank, throughput, ConvNet, interleaved"
     # a report may be replaced by the next run; another JSON file may not
     assert check_report_file(path, "--json") == path
     (tmp_path / "other.json").write_text('{"suite": "ddp"}')

@@ -32,7 +32,11 @@ child.wait()
 """
 
 
-def test_node_mode_preloads_this_module(monkeypatch):
+@pytest.mark.parametrize("strategy, modules", [
+    ("ddp", ["ddpguide.elastic.warm"]),
+    ("fsdp", ["ddpguide.elastic.warm", "ddpguide.elastic.sharded"]),
+])
+def test_node_mode_preloads_this_module(monkeypatch, strategy, modules):
     import multiprocessing
     from multiprocessing import forkserver
 
@@ -42,8 +46,8 @@ def test_node_mode_preloads_this_module(monkeypatch):
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", preloaded.append)
     monkeypatch.setattr(forkserver, "ensure_running", lambda: None)  # start nothing
     monkeypatch.setenv("DDPGUIDE_AGENT_PID", "")
-    node._start_forkserver()
-    assert preloaded == [["ddpguide.elastic.warm"]]
+    node._start_forkserver(strategy)
+    assert preloaded == [modules]
     assert os.environ["DDPGUIDE_AGENT_PID"] == str(os.getpid())
 
 
