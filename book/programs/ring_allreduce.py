@@ -11,8 +11,9 @@ version cuts the tensor into world_size chunks and only ever talks to its neighb
 
 (Chunk and rank numbers are modulo world_size.) Each rank sends 2 (W - 1) / W of the
 tensor in all: almost the same for 2 ranks as for 2000. Each exchange posts its send
-and its receive (isend, irecv) before waiting for either; with a blocking send first,
-every rank could wait in send for a neighbour that is itself waiting in send. The
+and its receive together (batch_isend_irecv) before waiting for either; with a blocking
+send first, every rank could wait in send for a neighbour that is itself waiting in
+send (under nccl even a separate isend and irecv can, so the two go in one batch). The
 program sums one random tensor per rank both ways, prints the largest difference over
 all ranks (the sums add in a different order, so the last bits may differ) and the
 time of each.
@@ -40,7 +41,8 @@ TIMEOUT = timedelta(seconds=60)
 
 def exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int):
     """Send to the right neighbour and receive from the left one at the same time."""
-    requests = [dist.isend(send, dst=right), dist.irecv(recv, src=left)]
+    requests = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, right),
+                                       dist.P2POp(dist.irecv, recv, left)])
     for request in requests:
         request.wait()
 
