@@ -85,6 +85,15 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "fsdp_step_over_ddp_2ranks": Anchor("FSDP2 / DDP step time, 2 ranks", "1.5 x DDP's bytes moved", ""),
         "hand_zero3_over_fsdp_2ranks": Anchor("ZeRO-3 by hand / FSDP2 step time, 2 ranks", "", "<= 1.2"),
     },
+    "experts": {
+        "ep2_tokens_per_s_over_single": Anchor("EP 2 ranks / 1 process, tokens per second, same batch",
+                                               "2.0 if the all-to-alls were free (2 cores)", ""),
+        "alltoall_bytes_over_formula": Anchor("counted all-to-all bytes per rank / T x h x B x 2(N-1)/N, "
+                                              "balanced router, 2 ranks", "1.00 (counts exchange: +16 B)",
+                                              "1.00 +- 0.01"),
+        "hot_expert_step_over_balanced": Anchor("step time, one hot expert / balanced router, EP 2 ranks",
+                                                "up to 2 (rank 0 does all the expert work)", ""),
+    },
 }
 
 

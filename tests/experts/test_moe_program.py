@@ -1,0 +1,118 @@
+"""The chapter's program, run as a reader runs it (torchrun, a copy alone in a folder): at 2
+and 4 ranks, k = 1 and 2, with and without dropped tokens, pure EP and a 2x2 mesh, every
+check against one process passes; bad input is one line and exit status 2."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpguide.launch.programs import path_of, run, torchrun
+
+NAME = "moe_expert_parallel.py"
+CASES = [(k, f) for k in (1, 2) for f in ("1", "4")]
+
+
+def launch(nproc: int, *args: str):
+    done = run(NAME, *args, launcher=torchrun(nproc), timeout=300, expect=None, echo=False)
+    assert done.returncode == 0, done.text()
+    return done
+
+
+def assert_every_case_checked(done, layouts: list[str], nproc: int):
+    checks = done.checks()
+    assert all(c.endswith(": OK") for c in checks), done.text()
+    assert len(checks) == len(layouts) * (1 + 3 * len(CASES)), done.text()
+    assert "all checks passed" in done.lines()
+    meshes = [line for line in done.lines() if line.startswith("== mesh ")]
+    assert [m.split(" dims")[0] for m in meshes] == layouts
+    for k, factor in CASES:
+        dropped = [int(m.group(1)) for c in checks
+                   if (m := re.match(rf"check: k={k}, capacity factor {factor} \(capacity \d+\): "
+                                     r"step 1 dropped (\d+) of", c))]
+        assert len(dropped) == len(layouts), done.text()
+        # capacity factor 1 overflows (random routing of 16 tokens over 4 experts); with
+        # factor E every expert could take the whole group and nothing is dropped
+        assert all(d > 0 for d in dropped) if factor == "1" else dropped == [0] * len(layouts)
+        for what in ("every gradient equal one process", "parameters after 3 SGD steps"):
+            assert sum(c.startswith(f"check: k={k}, capacity factor {factor}: ") and what in c
+                       for c in checks) == len(layouts)
+    # every rank printed its own line for every case, whole
+    for rank in range(nproc):
+        mine = [line for line in done.lines() if line.startswith(f"rank {rank} (")]
+        assert len(mine) == len(layouts) * len(CASES), done.text()
+        assert all(line.endswith("choices") for line in mine)
+
+
+@pytest.mark.timeout(400)
+def test_two_ranks_every_variant_equals_one_process():
+    done = launch(2)
+    assert_every_case_checked(done, ["== mesh [[0, 1]]"], 2)
+    assert any(c.startswith("check: AllToAll (by hand) equals torch's") for c in done.checks())
+
+
+@pytest.mark.timeout(500)
+def test_four_ranks_pure_ep_and_a_2x2_mesh_equal_one_process():
+    done = launch(4, "--dp", "1", "2")
+    assert_every_case_checked(done, ["== mesh [[0, 1, 2, 3]]", "== mesh [[0, 1], [2, 3]]"], 4)
+    lines = done.lines()
+    # on the 2x2 mesh, ranks 2 and 3 hold the same experts as ranks 0 and 1
+    assert any(line.startswith("rank 3 (dp 1, ep 1): experts 2-3") for line in lines)
+    assert any(line.startswith("rank 3 (dp 0, ep 3): experts 3-3") for line in lines)
+
+
+REFUSALS = [
+    (["--experts", "3"], "2",
+     "--experts 3: 3 experts do not split evenly over an expert-parallel size of 2 "
+     "(2 ranks, --dp 1)"),
+    (["--experts", "2", "--dp", "1"], "4",
+     "--experts 2: 2 experts do not split evenly over an expert-parallel size of 4 "
+     "(4 ranks, --dp 1)"),
+    (["--top-k", "5"], "2", "--top-k 5: a token chooses between 1 and E = 4 experts"),
+    (["--top-k", "0"], "2", "--top-k 0: a token chooses between 1 and E = 4 experts"),
+    (["--capacity-factor", "0"], "2", "--capacity-factor 0: must be greater than 0"),
+    (["--capacity-factor", "1", "-0.5"], "2", "--capacity-factor -0.5: must be greater than 0"),
+    (["--dp", "3"], "4", "--dp 3: the 4 ranks do not split into 3 data-parallel rows"),
+    (["--top-k", "two"], "2",
+     "moe_expert_parallel.py: argument --top-k: invalid int value: 'two'"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, world, message", REFUSALS)
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, args, world, message):
+    shutil.copy(path_of(NAME), tmp_path / NAME)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, NAME, *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=100, env={**env, "WORLD_SIZE": world, "RANK": "0"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [NAME]  # nothing written
+
+
+@pytest.mark.timeout(120)
+def test_without_torchrun_it_says_how_to_start_it(tmp_path):
+    shutil.copy(path_of(NAME), tmp_path / NAME)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTHONPATH")}
+    done = subprocess.run([sys.executable, NAME], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=100, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", "start it with torchrun: torchrun --standalone --nproc-per-node=2 "
+               "moe_expert_parallel.py\n")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_other_than_0_exits_2_silently(tmp_path):
+    shutil.copy(path_of(NAME), tmp_path / NAME)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    done = subprocess.run([sys.executable, NAME, "--top-k", "9"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100,
+                          env={**env, "WORLD_SIZE": "2", "RANK": "1"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "")

@@ -1,0 +1,29 @@
+"""Tokens per expert from the program's router: a hot expert overflows, and the figure draws it."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from ddpguide.experts import viz  # noqa: E402
+
+
+def test_a_hot_expert_takes_more_and_drops_past_capacity():
+    plain, hot = viz.tokens_per_expert(0.0), viz.tokens_per_expert(2.0)
+    for case in (plain, hot):
+        assert sum(case["kept"]) + sum(case["dropped"]) == case["tokens"]
+        assert max(case["kept"]) <= case["capacity"] == 40  # ceil(1.25 * 256 / 8)
+    assert hot["kept"][0] == hot["capacity"] and hot["dropped"][0] > plain["dropped"][0]
+    assert hot["aux"] > plain["aux"] >= 1.0  # 1 is its value for a perfectly balanced router
+
+
+def test_the_figure_has_one_panel_per_case_with_kept_dropped_and_capacity():
+    cases = [viz.tokens_per_expert(s) for s in (0.0, 2.0)]
+    fig = viz.plot(cases)
+    assert len(fig.axes) == 2
+    for ax, case in zip(fig.axes, cases):
+        kept, dropped = ax.containers
+        assert [b.get_height() for b in kept] == case["kept"]
+        assert [b.get_height() for b in dropped] == case["dropped"]
+        assert ax.lines[0].get_ydata()[0] == case["capacity"]
