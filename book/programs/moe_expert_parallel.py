@@ -266,10 +266,10 @@ def batch(step, world, tokens, hidden, device):
     return x.to(device), torch.randn(x.shape, generator=generator, dtype=x.dtype).to(device)
 
 
-def worst(value):
-    """The largest value over all ranks."""
-    value = torch.tensor(float(value), dtype=torch.float64)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+def over_ranks(value, device, op=dist.ReduceOp.SUM):
+    """The sum (or maximum) of a number over all ranks."""
+    value = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=op)
     return value.item()
 
 
@@ -325,23 +325,21 @@ def check_case(args, device, mesh, k, factor, aux_weight=0.01, lr=0.1):
     mine = (f"rank {rank} (dp {coordinate[0]}, ep {coordinate[1]}): experts "
             f"{first}-{first + local - 1}, k={k}, capacity factor {factor:g}: received "
             f"{received} tokens per expert, dropped {dropped} of its {args.tokens * k} choices")
-    total = torch.tensor(dropped)
-    dist.all_reduce(total)
-    same = torch.tensor(int(not dropped_same))
-    dist.all_reduce(same)
-    first_step, after = worst(differences[0]), worst(trained)
+    total = int(over_ranks(dropped, device))
+    same = over_ranks(int(not dropped_same), device) == 0
+    first_step = over_ranks(differences[0], device, dist.ReduceOp.MAX)
+    after = over_ranks(trained, device, dist.ReduceOp.MAX)
     capacity = capacity_of(args.tokens, args.experts, k, factor)
     ok = lambda good: "OK" if good else "FAILED"
     lines = [
         f"check: k={k}, capacity factor {factor:g} (capacity {capacity}): step 1 dropped "
-        f"{int(total)} of {n * k} choices; the same choices as one process, every step: "
-        f"{ok(int(same) == 0)}",
+        f"{total} of {n * k} choices; the same choices as one process, every step: {ok(same)}",
         f"check: k={k}, capacity factor {factor:g}: output, aux loss {aux.item():.6f} and "
         f"every gradient equal one process (worst {first_step:.1e}): {ok(first_step <= TOLERANCE)}",
         f"check: k={k}, capacity factor {factor:g}: parameters after {args.steps} SGD steps "
         f"equal one process (worst {after:.1e}): {ok(after <= TOLERANCE)}",
     ]
-    return mine, lines, int(same) == 0 and max(first_step, after) <= TOLERANCE
+    return mine, lines, same and max(first_step, after) <= TOLERANCE
 
 
 def check_exchange(device, group, hidden):
@@ -359,9 +357,8 @@ def check_exchange(device, group, hidden):
         (out * weights).sum().backward()
         results.append((out.detach(), base.grad.clone()))
     (out_a, grad_a), (out_b, grad_b) = results
-    same = torch.tensor(int(not (torch.equal(out_a, out_b) and torch.equal(grad_a, grad_b))))
-    dist.all_reduce(same)
-    return int(same) == 0
+    differ = not (torch.equal(out_a, out_b) and torch.equal(grad_a, grad_b))
+    return over_ranks(differ, device) == 0
 
 
 def main():
