@@ -37,6 +37,7 @@ import datetime
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -194,6 +195,10 @@ def fail(message):
     """One line on stderr (from rank 0 under torchrun), exit status 2, nothing started."""
     if os.environ.get("RANK", "0") == "0":
         sys.stderr.write(message + "\n")
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        # torchrun stops every worker as soon as one exits: let rank 0 say why first
+        # (its exit ends this wait)
+        time.sleep(10)
     raise SystemExit(2)
 
 
