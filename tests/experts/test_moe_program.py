@@ -116,3 +116,12 @@ def test_a_rank_other_than_0_exits_2_silently(tmp_path):
                           capture_output=True, text=True, timeout=100,
                           env={**env, "WORLD_SIZE": "2", "RANK": "1"})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "")
+
+
+@pytest.mark.timeout(200)
+def test_under_torchrun_rank_0_says_why_before_the_job_stops():
+    """The other ranks wait for rank 0 to print: torchrun stops all workers when one exits."""
+    done = run(NAME, "--top-k", "5", launcher=torchrun(2), timeout=150, expect=None, echo=False)
+    said = [line for line in done.program_lines() if re.match(r"--[a-z]", line)]
+    assert said == ["--top-k 5: a token chooses between 1 and E = 4 experts"], done.text()
+    assert "exitcode: 2" in done.output and done.returncode != 0
