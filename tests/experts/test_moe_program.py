@@ -84,15 +84,30 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("args, world, message", REFUSALS)
-def test_bad_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, args, world, message):
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, world, message):
+    """The program's own check, called in this process as a rank started by torchrun runs it."""
+    from ddpguide.experts.program import load
+
+    program = load()
+    for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", world)
+    with pytest.raises(SystemExit) as stopped:
+        program.parse_args(args)
+    captured = capsys.readouterr()
+    assert (stopped.value.code, captured.out, captured.err) == (2, "", message + "\n")
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_from_the_shell_writes_nothing(tmp_path):
     shutil.copy(path_of(NAME), tmp_path / NAME)
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTHONPATH")}
-    done = subprocess.run([sys.executable, NAME, *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=100, env={**env, "WORLD_SIZE": world, "RANK": "0"})
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    done = subprocess.run([sys.executable, NAME, "--experts", "3"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100,
+                          env={**env, "WORLD_SIZE": "2", "RANK": "0"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", REFUSALS[0][2] + "\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [NAME]  # nothing written
 
 
