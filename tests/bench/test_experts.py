@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from ddpguide.bench.appendix import ANCHORS
+
 RATIOS = ("alltoall_bytes_over_formula", "ep2_tokens_per_s_over_single",
           "hot_expert_step_over_balanced")
 
@@ -20,6 +22,7 @@ def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     assert report["suite"] == "experts"
     ratios = report["ratios"]
     assert tuple(ratios) == RATIOS
+    assert set(RATIOS) == set(ANCHORS["experts"])  # each ratio beside its anchor in the appendix
     assert all(math.isfinite(v) and v > 0 for v in ratios.values()), ratios
     # counted, not timed: 256 tokens x 64 x 8 B x 2 x 1/2, plus the counts (2 x 8 B)
     assert ratios["alltoall_bytes_over_formula"] == (256 * 64 * 8 + 16) / (256 * 64 * 8)
