@@ -20,11 +20,12 @@ def new_report(world_size: int, master: str, timeout_s: float, launcher: str) ->
 
 def _rank_lines(records: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'rank':>4}  {'host':<16} {'local':>5}  {'device':<13} {'pid':>7}  "
-             f"{'torch':<14} {'backend':<7} {'connect':>9}"]
+             f"{'torch':<14} {'nccl':<8} {'backend':<7} {'connect':>9}"]
     for r in sorted(records, key=lambda r: (r["rank"], r["pid"])):
         lines.append(f"{r['rank']:>4}  {r['host'][:16]:<16} "
                      f"{r['local_rank']:>2}/{r['local_world_size']:<2}  {r['device']:<13} "
-                     f"{r['pid']:>7}  {r['versions']['torch']:<14} {r['backend']:<7} "
+                     f"{r['pid']:>7}  {r['versions']['torch']:<14} "
+                     f"{r['versions'].get('nccl') or '-':<8} {r['backend']:<7} "
                      f"{r['connect_ms']:>6.1f} ms")
     return lines
 

@@ -113,13 +113,26 @@ def test_rank_not_below_world_size():
             f"(WORLD_SIZE=2; arrived: ranks 0)") in rank0.lines()
 
 
-def test_two_local_ranks_on_one_gpu():
+def test_gpus_visible_but_the_job_would_run_on_cpu():
+    # One (simulated) GPU for two local ranks: nccl would refuse, so the job would run on gloo.
     done = doctor(["--timeout", str(TIMEOUT)], {"DDPGUIDE_DOCTOR_FAKE_GPUS": "1"},
+                  timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert done.returncode == 1
+    for rank in (0, 1):
+        assert (f"PROBLEM rank {rank} (host {HOST}): GPUs visible but this job would run on CPU: "
+                "1 GPU(s) for LOCAL_WORLD_SIZE=2 ranks, and nccl needs one GPU per rank (run one "
+                "rank per GPU, or give each rank its own through CUDA_VISIBLE_DEVICES)") in done.lines()
+    assert "collectives" not in done.stdout  # nothing runs on a misassigned world
+    assert summary_seconds(done.stdout) < TIMEOUT
+
+
+def test_two_local_ranks_told_to_share_one_gpu():
+    done = doctor(["--timeout", str(TIMEOUT)],
+                  {"DDPGUIDE_DOCTOR_FAKE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0"},
                   timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
     assert done.returncode == 1
     assert (f"PROBLEM rank 1 (host {HOST}): LOCAL_RANK=1 would use GPU fake-gpu-0, as rank 0 "
             f"(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=2)") in done.lines()
-    assert "collectives" not in done.stdout  # nothing runs on a misassigned world
     assert summary_seconds(done.stdout) < TIMEOUT
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import ephemeral_port
 from ddpguide.core.runtime import Runtime
-from ddpguide.doctor import collectives, facts, local, rendezvous, report, worker
+from ddpguide.doctor import collectives, consistency, facts, local, rendezvous, report, worker
 from ddpguide.doctor.options import Options, watchdog_limit_s
 
 HOST = socket.gethostname()
@@ -77,16 +77,49 @@ def test_gpu_inventory_simulated_and_real():
     assert len(ids) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def test_rank_facts_uses_local_rank_modulo_the_simulated_gpus():
+def test_rank_facts_two_simulated_gpus_for_four_ranks_means_the_cpu():
     env = environ(RANK="3", WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", DDPGUIDE_DOCTOR_FAKE_GPUS="2")
     record = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.23456)
     assert (record["rank"], record["local_rank"], record["device"], record["gpu_id"]) == \
-        (3, 3, "cuda:1 (fake)", "fake-gpu-1")
+        (3, 3, "cpu", None)
     assert (record["gpus_visible"], record["gpus_simulated"], record["connect_ms"]) == (2, True, 1.235)
     # launcher variables only: the fake-GPU variable is not one of them
     assert record["variables"] == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
                                    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert record["versions"]["torch"] == torch.__version__
+    assert [p.message for p in consistency.cpu_with_gpu_problems([record])] == [
+        "GPUs visible but this job would run on CPU: 2 GPU(s) for LOCAL_WORLD_SIZE=4 ranks, and "
+        "nccl needs one GPU per rank (run one rank per GPU, or give each rank its own through "
+        "CUDA_VISIBLE_DEVICES)"]
+    forced = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"),
+                              {**env, "DDPGUIDE_DEVICE": "cpu"}, 1.0)
+    assert consistency.cpu_with_gpu_problems([forced]) == []  # asked for: not a problem
+
+
+def test_rank_facts_one_gpu_per_rank_through_cuda_visible_devices():
+    def record(rank: int, visible: str) -> dict:
+        env = environ(RANK=str(rank), WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", LOCAL_RANK=str(rank),
+                      DDPGUIDE_DOCTOR_FAKE_GPUS="1", CUDA_VISIBLE_DEVICES=visible)
+        return facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)
+
+    bound = [record(rank, str(rank)) for rank in (0, 5)]  # srun --gpus-per-task=1
+    assert [(r["device"], r["gpu_id"]) for r in bound] == [("cuda:0 (fake)", "fake-gpu-0"),
+                                                           ("cuda:0 (fake)", "fake-gpu-5")]
+    assert consistency.gpu_problems(bound) == consistency.cpu_with_gpu_problems(bound) == []
+    shared = [record(rank, "0") for rank in (0, 5)]  # both told "0": one GPU for two ranks
+    assert [p.line() for p in consistency.gpu_problems(shared)] == [
+        f"PROBLEM rank 5 (host {HOST}): LOCAL_RANK=5 would use GPU fake-gpu-0, as rank 0 "
+        "(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=8)"]
+
+
+def test_nccl_versions_are_compared_across_ranks():
+    env = environ(RANK="1")
+    base = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)
+    rank0 = {**base, "rank": 0, "backend": "nccl", "versions": {**base["versions"], "nccl": "2.27.5"}}
+    rank1 = {**base, "backend": "nccl", "versions": {**base["versions"], "nccl": "2.21.5"}}
+    assert [p.line() for p in consistency.version_problems([rank0, rank1], rank0)] == [
+        f"PROBLEM rank 1 (host {HOST}): nccl 2.21.5, but rank 0 has nccl 2.27.5"]
+    assert consistency.version_problems([rank0, {**rank1, "versions": rank0["versions"]}], rank0) == []
 
 
 # ---------------------------------------------------------------- local
@@ -214,9 +247,9 @@ def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
     rep["ok"], rep["seconds"] = True, 3.21
     assert report.format_report(rep) == [
         "ddpguide doctor: 2 rank(s) expected, rendezvous at 127.0.0.1:29500, timeout 30 s",
-        "rank  host             local  device            pid  torch          backend   connect",
-        "   0  node-a            0/2   cpu               200  2.14.1         gloo       0.3 ms",
-        "   1  node-a            1/2   cpu               201  2.14.1         gloo      12.3 ms",
+        "rank  host             local  device            pid  torch          nccl     backend   connect",
+        "   0  node-a            0/2   cpu               200  2.14.1         -        gloo       0.3 ms",
+        "   1  node-a            1/2   cpu               201  2.14.1         -        gloo      12.3 ms",
         "launcher: torchrun; WORLD_SIZE=2, MASTER_ADDR:MASTER_PORT=127.0.0.1:29500 on every rank; "
         "1 host(s): node-a; torch 2.14.1, CUDA -, gloo",
         "GPUs visible per host: node-a: 0",
