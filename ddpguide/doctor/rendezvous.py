@@ -27,6 +27,18 @@ class RendezvousError(RuntimeError):
     """The endpoint cannot be reached, or the store cannot be started or read."""
 
 
+def check_resolves(addr: str, port: int) -> None:
+    """Raise :class:`RendezvousError` naming ``addr`` when it does not resolve.
+
+    Rank 0 calls it before it starts the store: a store on a name that does not
+    resolve fails deep in C++, with a page of stack frames instead of the host's name.
+    """
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise RendezvousError(f"MASTER_ADDR={addr} does not resolve ({error.strerror})") from None
+
+
 def wait_for_endpoint(addr: str, port: int, deadline: float, timeout_s: float) -> float:
     """Connect to ``addr:port`` until it answers or ``deadline`` (time.monotonic) passes.
 
@@ -34,10 +46,7 @@ def wait_for_endpoint(addr: str, port: int, deadline: float, timeout_s: float) -
     Returns the milliseconds the successful connect took. Raises
     :class:`RendezvousError` saying why the last attempt failed.
     """
-    try:
-        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise RendezvousError(f"MASTER_ADDR={addr} does not resolve ({error.strerror})") from None
+    check_resolves(addr, port)
     last = "no attempt"
     while True:
         remaining = deadline - time.monotonic()

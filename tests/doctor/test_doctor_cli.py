@@ -83,6 +83,20 @@ def test_wrong_master_port_fails_on_both_sides():
     assert TIMEOUT <= summary_seconds(rank0.stdout) < TIMEOUT + 3
 
 
+def test_unresolvable_master_addr_is_one_line_on_every_rank():
+    port, host = free_port(), "no-such-host.invalid"
+    ranks = by_hand([hand_env(0, 2, port, MASTER_ADDR=host), hand_env(1, 2, port, MASTER_ADDR=host)],
+                    ["--timeout", str(TIMEOUT)], STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    for rank, done in enumerate(ranks):
+        assert done.returncode == 1
+        problems = [line for line in done.lines() if line.startswith("PROBLEM")]
+        assert len(problems) == 1 and re.fullmatch(
+            rf"PROBLEM rank {rank} \(host {re.escape(HOST)}\): MASTER_ADDR={host} does not resolve "
+            r"\(.+\)", problems[0]), done.stdout
+        assert "frame #" not in done.stdout + done.stderr  # no C++ stack
+    assert summary_seconds(ranks[0].stdout) < TIMEOUT
+
+
 def test_missing_rank_is_named_and_written_to_json(tmp_path):
     port = free_port()
     report_path = tmp_path / "doctor.json"
