@@ -146,6 +146,21 @@ def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any
     return problems
 
 
+def slow_link_problems(links: dict[str, Any], backend: str) -> list[Problem]:
+    """The slowest ring link, when it is under half the median link, on nccl.
+
+    On gloo over one machine's loopback the links share the CPU, and their
+    spread is the machine's load, not a cable: reported, never a problem.
+    """
+    if not links or not links["slow"] or backend != "nccl":
+        return []
+    slow = links["slowest"]
+    return [Problem(slow["dst"], slow["dst_host"],
+                    f"slow link: rank {slow['src']} ({slow['src_host']}) -> rank {slow['dst']} "
+                    f"({slow['dst_host']}) moves {slow['gbps']:.2f} GB/s, under half the median "
+                    f"link's {links['median_gbps']:.2f} GB/s")]
+
+
 def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float,
             master: str, strays: Sequence[str] = ()) -> list[Problem]:
     """Every problem rank 0 can see before the process group exists.

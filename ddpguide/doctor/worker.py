@@ -28,12 +28,8 @@ import torch
 import torch.distributed as dist
 
 from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
-from ddpguide.doctor.collectives import (
-    bandwidth_sweep,
-    check_collectives,
-    summarize_sweep,
-)
-from ddpguide.doctor.consistency import Problem, verdict
+from ddpguide.doctor.collectives import check_collectives
+from ddpguide.doctor.consistency import Problem, slow_link_problems, verdict
 from ddpguide.doctor.facts import (
     Identity,
     IdentityError,
@@ -46,12 +42,20 @@ from ddpguide.doctor.options import Options, watchdog_limit_s
 from ddpguide.doctor.rendezvous import (
     Board,
     RendezvousError,
+    check_resolves,
     host_store,
     join_store,
     key_prefix,
     wait_for_endpoint,
 )
 from ddpguide.doctor.report import format_report, new_report, write_json
+from ddpguide.doctor.sweep import (
+    MAX_LINK_BYTES,
+    bandwidth_sweep,
+    link_times,
+    summarize_links,
+    summarize_sweep,
+)
 
 
 def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:
@@ -84,7 +88,7 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
         torch.cuda.set_device(device)
     else:
         limit_threads(identity.local_world_size)
-    result: dict[str, Any] = {"collectives": [], "sweep": []}
+    result: dict[str, Any] = {"collectives": [], "sweep": [], "links": {}}
     try:
         dist.init_process_group(runtime.backend, store=dist.PrefixStore(board.prefix + "pg/", board.store),
                                 rank=identity.rank, world_size=identity.world_size,
@@ -93,8 +97,10 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
         monitor = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")
         result["collectives"] = check_collectives(identity.rank, identity.world_size, device,
                                                   options.timeout_s, monitor)
-        if all(r["ok"] for r in result["collectives"]) and options.sizes:
-            result["sweep"] = bandwidth_sweep(options.sizes, device)
+        sizes = options.sizes_for(device.type)
+        if all(r["ok"] for r in result["collectives"]) and sizes:
+            result["sweep"] = bandwidth_sweep(sizes, device)
+            result["links"] = link_times(min(max(sizes), MAX_LINK_BYTES), device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
                                       "detail": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
@@ -107,6 +113,7 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
 def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
              timeout_s: float, report: dict[str, Any]) -> list[Problem]:
     """Rank 0 gathers every rank's results (through the store: the group may be broken)."""
+    mine_backend = records[0]["backend"]
     hosts = {r["rank"]: r["host"] for r in records}
     problems = []
     per_rank = {0: mine}
@@ -125,6 +132,10 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
     sweeps = {rank: r["sweep"] for rank, r in per_rank.items() if r and r["sweep"]}
     if len(sweeps) == len(hosts):
         report["bandwidth"] = summarize_sweep(sweeps, len(hosts))
+        size = min(max(row["bytes"] for row in next(iter(sweeps.values()))), MAX_LINK_BYTES)
+        report["links"] = summarize_links({rank: r["links"] for rank, r in per_rank.items()},
+                                          hosts, size)
+        problems += slow_link_problems(report["links"], mine_backend)
     return problems
 
 
@@ -209,6 +220,7 @@ def run_rank(options: Options, environ: Mapping[str, str] | None = None) -> int:
     try:
         phase[0] = f"reaching the rendezvous endpoint {master}"
         store = None
+        check_resolves(identity.master_addr, identity.master_port)
         if identity.rank == 0 and not identity.agent_store:
             store = host_store(identity, options.timeout_s)
         connect_ms = wait_for_endpoint(identity.master_addr, identity.master_port,

@@ -31,7 +31,10 @@ def check_healthy(stdout: str, world: int) -> None:
     table = lines.index(next(line for line in lines if line.startswith("rank  host")))
     assert [int(line.split()[0]) for line in lines[table + 1: table + 1 + world]] == list(range(world))
     for name in ("all_reduce sum", "all_reduce max", "broadcast", "all_gather", "reduce_scatter",
-                 "all_to_all", "send/recv ring", "barrier", "monitored_barrier"):
+                 "all_to_all", "send/recv ring", "reduce", "gather", "scatter",
+                 "all_gather_single", "reduce_scatter_single", "all_to_all_single uneven",
+                 "batch_isend_irecv", "object collectives", "barrier", "monitored_barrier",
+                 *([f"sub-groups 2x{world // 2}"] if world >= 4 else [])):
         assert re.search(rf"^  {re.escape(name)} +ok ", stdout, re.M), name
     assert "PROBLEM" not in stdout
     assert re.search(rf"^summary: OK: {world} rank\(s\) on 1 host\(s\) passed every check", stdout, re.M)
@@ -50,8 +53,10 @@ def test_healthy_local_group_of_two_with_json(tmp_path):
     for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
-        assert row["slowest_rank"] in (0, 1)
     assert {r["name"] for r in report["collectives"]["1"]} >= {"reduce_scatter", "all_to_all"}
+    assert sorted((link["src"], link["dst"]) for link in report["links"]["links"]) == [(0, 1), (1, 0)]
+    assert all(link["gbps"] > 0 for link in report["links"]["links"])
+    assert re.search(r"^ring links \(send/recv of 16 MiB", done.stdout, re.M)
 
 
 def test_healthy_local_group_of_four():

@@ -21,6 +21,9 @@ def test_sizes_parse_with_binary_units():
     assert parse_size("1024") == 1024
     assert format_size(4096) == "4 KiB" and format_size(16 * 2 ** 20) == "16 MiB" and format_size(12) == "12 B"
     assert DEFAULT_SIZES[0] == 4096 and DEFAULT_SIZES[-1] == 16 * 2 ** 20
+    # nccl-tests' busbw plateaus at hundreds of MiB: on GPUs the default sweep reaches 1 GiB
+    assert Options().sizes_for("cuda")[-1] == 2 ** 30 and Options().sizes_for("cpu") == DEFAULT_SIZES
+    assert Options(sizes=(4096,)).sizes_for("cuda") == (4096,)
 
 
 def test_defaults_and_valid_options(tmp_path):
@@ -29,6 +32,7 @@ def test_defaults_and_valid_options(tmp_path):
                              "--json", str(tmp_path / "r.json")], {})
     assert options == Options(7.5, (4096, 2 ** 20), 4, tmp_path / "r.json")
     assert parse_options(["--sizes", "none"], {}).sizes == ()
+    assert Options().rank_argv() == ["--timeout", "30"]  # each rank picks its device's default
     assert options.rank_argv() == ["--timeout", "7.5", "--sizes", "4096,1048576",
                                    "--json", str(tmp_path / "r.json")]
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import ephemeral_port
 from ddpguide.core.runtime import Runtime
-from ddpguide.doctor import collectives, consistency, facts, local, rendezvous, report, worker
+from ddpguide.doctor import collectives, consistency, facts, local, rendezvous, report, sweep, worker
 from ddpguide.doctor.options import Options, watchdog_limit_s
 
 HOST = socket.gethostname()
@@ -190,27 +190,43 @@ def test_board_records_duplicates_strays_and_missing_keys():
 # ---------------------------------------------------------------- collectives
 
 def test_bus_factor_is_two_n_minus_one_over_n():
-    assert [collectives.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+    assert [sweep.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
 
 
 def test_summarize_sweep_takes_the_slowest_rank_per_size():
     def rows(*seconds):
         return [{"bytes": size, "iterations": 3, "seconds": s} for size, s in zip((4096, 2 ** 20), seconds)]
     per_rank = {0: rows(0.002, 0.010), 1: rows(0.004, 0.008), 2: rows(0.001, 0.008), 3: rows(0.002, 0.009)}
-    summary = collectives.summarize_sweep(per_rank, 4)
-    assert [(r["bytes"], r["slowest_rank"]) for r in summary] == [(4096, 1), (2 ** 20, 0)]
+    summary = sweep.summarize_sweep(per_rank, 4)
     small, large = summary
     assert small["seconds"] == 0.004 and large["seconds"] == 0.010
     assert small["algbw_gbps"] == pytest.approx(4096 / 0.004 / 1e9)
     assert small["busbw_gbps"] == pytest.approx(1.5 * 4096 / 0.004 / 1e9)
     assert large["algbw_gbps"] == pytest.approx(0.1048576)
     assert large["busbw_gbps"] == pytest.approx(0.1572864)
-    assert small["spread"] == pytest.approx(3.0) and large["spread"] == pytest.approx(0.25)
-    assert collectives.summarize_sweep({}, 4) == []
+    assert sweep.summarize_sweep({}, 4) == []
+
+
+def test_a_slow_link_is_named_with_its_hosts():
+    hosts = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+    size = 2 ** 20
+    fast = size / 10e9  # 10 GB/s
+    per_rank = {rank: {"from_left": fast, "from_right": fast} for rank in hosts}
+    per_rank[2]["from_left"] = size / 1e9  # the link 1 -> 2 (node-a -> node-b) moves 1 GB/s
+    links = sweep.summarize_links(per_rank, hosts, size)
+    assert len(links["links"]) == 8 and links["slow"]
+    assert (links["slowest"]["src"], links["slowest"]["dst"]) == (1, 2)
+    assert links["median_gbps"] == pytest.approx(10.0)
+    assert [p.line() for p in consistency.slow_link_problems(links, "nccl")] == [
+        "PROBLEM rank 2 (host node-b): slow link: rank 1 (node-a) -> rank 2 (node-b) moves "
+        "1.00 GB/s, under half the median link's 10.00 GB/s"]
+    assert consistency.slow_link_problems(links, "gloo") == []  # loopback: the CPU's load
+    per_rank[2]["from_left"] = fast * 1.5  # a little slower: noise, not a problem
+    assert consistency.slow_link_problems(sweep.summarize_links(per_rank, hosts, size), "nccl") == []
 
 
 def test_iterations_are_bounded():
-    assert [collectives.iterations_for(s) for s in (4, 2 ** 20, 2 ** 24, 2 ** 30)] == [50, 32, 3, 3]
+    assert [sweep.iterations_for(s) for s in (4, 2 ** 20, 2 ** 24, 2 ** 30)] == [50, 32, 3, 3]
 
 
 def test_checks_pass_in_a_group_of_one():
@@ -218,13 +234,15 @@ def test_checks_pass_in_a_group_of_one():
                             timeout=datetime.timedelta(seconds=30))
     try:
         results = collectives.check_collectives(0, 1, torch.device("cpu"), 30.0)
-        sweep = collectives.bandwidth_sweep((4096, 16384), torch.device("cpu"))
+        rows = sweep.bandwidth_sweep((4096, 16384), torch.device("cpu"))
     finally:
         dist.destroy_process_group()
     assert [r["name"] for r in results] == [*collectives.CHECKS, "monitored_barrier"]
+    assert {"reduce", "gather", "scatter", "all_gather_single", "reduce_scatter_single",
+            "all_to_all_single uneven", "batch_isend_irecv", "object collectives"} <= set(collectives.CHECKS)
     assert [(r["name"], r["detail"]) for r in results if not r["ok"]] == []
-    assert [(r["bytes"], r["iterations"]) for r in sweep] == [(4096, 50), (16384, 50)]
-    assert all(r["seconds"] > 0 for r in sweep)
+    assert [(r["bytes"], r["iterations"]) for r in rows] == [(4096, 50), (16384, 50)]
+    assert all(r["seconds"] > 0 for r in rows)
 
 
 # ---------------------------------------------------------------- report
@@ -243,7 +261,9 @@ def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
     rep["collectives"] = {"0": [{"name": "barrier", "ok": True, "detail": "", "ms": 0.5}],
                           "1": [{"name": "barrier", "ok": True, "detail": "", "ms": 1.25}]}
     rep["bandwidth"] = [{"bytes": 2 ** 20, "seconds": 0.002, "algbw_gbps": 0.524288,
-                         "busbw_gbps": 0.524288, "slowest_rank": 1, "spread": 0.5}]
+                         "busbw_gbps": 0.524288}]
+    rep["links"] = sweep.summarize_links({0: {"from_left": 0.001}, 1: {"from_left": 0.002}},
+                                         {0: "node-a", 1: "node-a"}, 2 ** 20)
     rep["ok"], rep["seconds"] = True, 3.21
     assert report.format_report(rep) == [
         "ddpguide doctor: 2 rank(s) expected, rendezvous at 127.0.0.1:29500, timeout 30 s",
@@ -256,10 +276,13 @@ def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
         "collectives (each rank's result against the known one):",
         "  barrier            ok    (1.2 ms)",
         "all_reduce sweep (float32, 2 ranks; algbw = bytes/time, busbw = algbw * 2(n-1)/n = algbw * 1.00):",
-        "      size       time       algbw       busbw  slowest rank",
-        "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s  1 (+50% over the fastest)",
+        "      size       time       algbw       busbw",
+        "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s",
+        "ring links (send/recv of 1 MiB to each neighbour, both directions, all links at once):",
+        "    0 -> 1             node-a -> node-a             0.524 GB/s",
+        "    1 -> 0             node-a -> node-a             1.049 GB/s",
         "summary: OK: 2 rank(s) on 1 host(s) passed every check in 3.2 s; "
-        "slowest rank at 1 MiB: 1, busbw 0.524 GB/s",
+        "busbw at 1 MiB: 0.524 GB/s; slowest link 0 -> 1 (node-a -> node-a): 0.524 GB/s",
     ]
 
 
