@@ -9,7 +9,8 @@ tensor each file holds. Loading asks for the pieces the *current* ranks own,
 whatever the number of ranks that wrote them. The save also keeps a full copy
 of every tensor (full_state.pt, only for the check); the load compares every
 model and optimizer tensor with it (torch.equal: exact).
-Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
+Gloo on CPU; on GPUs nccl with one GPU per rank, and gloo beside it for CPU tensors
+("cpu:gloo,cuda:nccl", which dcp.async_save needs).
 
 Source: PyTorch's distributed-checkpoint documentation (no seed article covers it).
 """
@@ -102,7 +103,10 @@ def setup():
     device = rank_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+    # On GPUs: nccl for CUDA tensors and gloo for CPU ones. dcp.async_save refuses a group
+    # without a CPU backend ("A CPU backend must be enabled for async save"): it stages the
+    # state in CPU memory and writes it in the background. Plain "nccl" would not do.
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=60))
     return device.type
 
