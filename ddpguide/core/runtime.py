@@ -126,6 +126,10 @@ def select_runtime(
         raise ValueError("backend 'nccl' needs device 'cuda'; use 'gloo' on CPU")
     if device_type == "cuda" and gpus == 0:
         raise ValueError("device 'cuda' requested but no GPU is visible")
+    if backend == "nccl" and not enough_gpus:
+        # nccl refuses two ranks on one GPU; say so before any process starts.
+        raise ValueError(f"backend 'nccl' needs one GPU per rank: {local_world_size} ranks on this "
+                         f"machine, {gpus} GPU(s) visible (use gloo, or fewer ranks)")
     return Runtime(backend=backend, device_type=device_type)
 
 

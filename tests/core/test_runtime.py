@@ -114,3 +114,17 @@ def test_one_gpu_per_rank_on_a_machine_with_enough_gpus(monkeypatch):
     _simulate_gpus(monkeypatch, 4)
     runtime = select_runtime(4, environ={"LOCAL_RANK": "3"})
     assert (runtime.backend, runtime.device(3)) == ("nccl", torch.device("cuda", 3))
+
+
+def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_anything_starts(monkeypatch):
+    # A 4-rank chapter on a 2-GPU machine with DDPGUIDE_BACKEND=nccl: nccl would refuse two
+    # ranks on one GPU (or hang); the runtime says so at once.
+    _simulate_gpus(monkeypatch, 2)
+    with pytest.raises(ValueError) as info:
+        select_runtime(4, environ={"DDPGUIDE_BACKEND": "nccl", "DDPGUIDE_DEVICE": "cuda"})
+    assert str(info.value) == ("backend 'nccl' needs one GPU per rank: 4 ranks on this machine, "
+                               "2 GPU(s) visible (use gloo, or fewer ranks)")
+    assert select_runtime(2, environ={"DDPGUIDE_BACKEND": "nccl"}).backend == "nccl"
+    # gloo may share a GPU between ranks (gpu-check's "all ranks on cuda")
+    assert select_runtime(4, environ={"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cuda"}).device(3) == \
+        torch.device("cuda", 1)

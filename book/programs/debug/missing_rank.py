@@ -26,7 +26,8 @@ def start() -> torch.device:
 def main() -> None:
     start()
     rank = dist.get_rank()
-    # monitored_barrier runs on gloo only: with nccl, give it a gloo group of the same ranks.
+    # monitored_barrier needs a group with a CPU backend: gloo here; an nccl-only job gives it
+    # a gloo group of the same ranks (or starts with init_process_group("cpu:gloo,cuda:nccl")).
     checkpoint_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     if rank == 1:
         # One write per line: torchrun runs python -u, where print() writes the text and the
