@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import socket
+import threading
 import time
 from typing import Any, Mapping
 
@@ -170,3 +171,48 @@ class Board:
     def count(self, name: str, increment: int = 1) -> int:
         """Add to a counter and return its value (0 reads it)."""
         return int(self._call("counting", self.store.add, self._key(name), increment))
+
+
+class Heartbeat:
+    """While open, count ``beat/RANK`` up in the store every ``period_s`` (a thread).
+
+    A rank that is stopped (SIGSTOP, a frozen host) stops beating with all its
+    threads, so rank 0 can tell it from a rank that is only slow to report.
+    """
+
+    def __init__(self, board: Board, rank: int, period_s: float = 0.5):
+        self.board, self.rank, self.period_s = board, rank, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.board.count(f"beat/{self.rank}")
+            except RendezvousError:
+                return
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def wait_for_result(board: Board, rank: int, deadline: float, stale_s: float) -> tuple[Any, float]:
+    """Rank ``rank``'s posted result, or None once its heartbeat has not moved for ``stale_s``
+    (or at ``deadline``); with the seconds its heartbeat had been still (0.0 if it posted)."""
+    last, moved = -1, time.monotonic()
+    while True:
+        if board.has(f"result/{rank}"):
+            return board.wait_for(f"result/{rank}", deadline), 0.0
+        now = time.monotonic()
+        beats = board.count(f"beat/{rank}", 0)
+        if beats != last:
+            last, moved = beats, now
+        if now - moved > stale_s or now > deadline:
+            return None, now - moved
+        time.sleep(_POLL_S * 2)

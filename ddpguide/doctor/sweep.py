@@ -14,10 +14,16 @@ def iterations_for(size: int) -> int:
     return max(3, min(50, (32 * 2 ** 20) // size))
 
 
-def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device) -> list[dict[str, Any]]:
-    """This rank's time per all-reduce of each size (float32), after one warm-up call."""
+def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device,
+                    after_first: Any = None) -> list[dict[str, Any]]:
+    """This rank's time per all-reduce of each size (float32), after one warm-up call.
+
+    ``after_first`` (tests only) is called once the first size is done.
+    """
     rows = []
-    for size in sizes:
+    for index, size in enumerate(sizes):
+        if index == 1 and after_first is not None:
+            after_first()
         tensor = torch.ones(size // 4, device=device)
         dist.all_reduce(tensor)
         iterations = iterations_for(size)

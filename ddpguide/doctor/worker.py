@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import threading
@@ -41,12 +42,14 @@ from ddpguide.doctor.facts import (
 from ddpguide.doctor.options import Options, watchdog_limit_s
 from ddpguide.doctor.rendezvous import (
     Board,
+    Heartbeat,
     RendezvousError,
     check_resolves,
     host_store,
     join_store,
     key_prefix,
     wait_for_endpoint,
+    wait_for_result,
 )
 from ddpguide.doctor.report import format_report, new_report, write_json
 from ddpguide.doctor.sweep import (
@@ -99,7 +102,7 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
                                                   options.timeout_s, monitor)
         sizes = options.sizes_for(device.type)
         if all(r["ok"] for r in result["collectives"]) and sizes:
-            result["sweep"] = bandwidth_sweep(sizes, device)
+            result["sweep"] = bandwidth_sweep(sizes, device, after_first=lambda: _fault(identity.rank))
             result["links"] = link_times(min(max(sizes), MAX_LINK_BYTES), device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
@@ -110,6 +113,20 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
     return result
 
 
+#: Fault injection for the tests: this rank stops itself (SIGSTOP) after the sweep's first size.
+STOP_VARIABLE = "DDPGUIDE_DOCTOR_STOP_IN_SWEEP"
+
+
+def _fault(rank: int) -> None:
+    if os.environ.get(STOP_VARIABLE, "").strip() == str(rank):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stale_after_s(timeout_s: float) -> float:
+    """How long rank 0 waits for a silent rank's heartbeat before naming it: half the timeout."""
+    return max(2.0, timeout_s / 2)
+
+
 def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
              timeout_s: float, report: dict[str, Any]) -> list[Problem]:
     """Rank 0 gathers every rank's results (through the store: the group may be broken)."""
@@ -118,12 +135,14 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
     problems = []
     per_rank = {0: mine}
     deadline = time.monotonic() + timeout_s + 10.0
+    silent = []  # the ranks that stopped answering come first: the others only waited for them
     for rank in sorted(hosts):
         if rank != 0:
-            per_rank[rank] = board.wait_for(f"result/{rank}", deadline)
+            per_rank[rank], still_s = wait_for_result(board, rank, deadline, stale_after_s(timeout_s))
             if per_rank[rank] is None:
-                problems.append(Problem(rank, hosts[rank], "posted no result of the collective "
-                                        f"checks within {timeout_s + 10:g} s of rank 0"))
+                silent.append(Problem(rank, hosts[rank], "stopped answering during the collective "
+                                      f"checks (no heartbeat for {still_s:.0f} s, no result): the "
+                                      "process is stopped or hung, or its host is down"))
                 continue
         report["collectives"][str(rank)] = per_rank[rank]["collectives"]
         for check in per_rank[rank]["collectives"]:
@@ -136,7 +155,8 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
         report["links"] = summarize_links({rank: r["links"] for rank, r in per_rank.items()},
                                           hosts, size)
         problems += slow_link_problems(report["links"], mine_backend)
-    return problems
+    report["silent_ranks"] = [problem.rank for problem in silent]
+    return silent + problems
 
 
 def _finish(board: Board | None, report: dict[str, Any], options: Options, started: float,
@@ -177,7 +197,8 @@ def _lead(board: Board, identity: Identity, runtime: Runtime, options: Options,
     phase[0] = "collecting the other ranks' results"
     problems = _collect(board, records, mine, options.timeout_s, report)
     report["problems"] = [p.as_dict() for p in problems]
-    return _finish(board, report, options, started, followers)
+    # A stopped rank will never read the end: do not wait for it.
+    return _finish(board, report, options, started, followers - len(report.pop("silent_ranks")))
 
 
 def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options,
@@ -191,7 +212,8 @@ def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options
         return 1
     if ruling["ok"]:
         phase[0] = "checking the collectives"
-        board.post(f"result/{identity.rank}", _group_checks(identity, runtime, board, options))
+        with Heartbeat(board, identity.rank):
+            board.post(f"result/{identity.rank}", _group_checks(identity, runtime, board, options))
     phase[0] = "waiting for rank 0's report"
     final = board.wait_for("report", time.monotonic() + 2 * options.timeout_s + 20.0)
     board.count("acks")

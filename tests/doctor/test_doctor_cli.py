@@ -162,3 +162,37 @@ def test_srun_tasks_without_rank_are_told_how_to_run_it():
         f"PROBLEM rank ? (host {HOST}): srun task 2 of 4 has no RANK: run the doctor under torchrun "
         "in the job (as cluster/slurm_torchrun.sbatch runs training), or export RANK, WORLD_SIZE, "
         "MASTER_ADDR and MASTER_PORT for each task"]
+
+
+def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bound():
+    # Rank 1 stops itself (SIGSTOP) after the sweep's first size: rank 0's next all-reduce times
+    # out after TIMEOUT s; then rank 1's heartbeat has stood still, so rank 0 names it (not
+    # itself) and ends, well within the stated bound (every rank's watchdog, 3 x timeout + 120 s).
+    import os
+    import signal
+    import subprocess
+
+    port = free_port()
+    ranks = [start([sys.executable, "-m", "ddpguide.doctor", "--timeout", str(TIMEOUT),
+                    "--sizes", "4K,64K,1M"], hand_env(r, 2, port, DDPGUIDE_DOCTOR_STOP_IN_SWEEP="1"))
+             for r in (0, 1)]
+    try:
+        out, _ = ranks[0].communicate(timeout=STARTUP_ALLOWANCE_S + 3 * TIMEOUT + 20)
+        stopped = ranks[1].poll() is None  # still there, stopped
+    except subprocess.TimeoutExpired:
+        out, stopped = "rank 0 did not finish", None
+    finally:
+        for process in ranks:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+    assert stopped, out
+    problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
+    assert problems and re.fullmatch(
+        rf"PROBLEM rank 1 \(host {re.escape(HOST)}\): stopped answering during the collective "
+        r"checks \(no heartbeat for \d+ s, no result\): the process is stopped or hung, or its "
+        r"host is down", problems[0]), out
+    assert ranks[0].returncode == 1
+    assert summary_seconds(out) < 3 * TIMEOUT + 10
