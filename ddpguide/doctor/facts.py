@@ -17,6 +17,7 @@ import torch
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES, Runtime, listed_cuda_devices, one_gpu_per_rank
 from ddpguide.doctor import FAKE_GPUS_VARIABLE, LOCAL_LAUNCH_VARIABLE
+from ddpguide.doctor.storage import shm_bytes
 
 
 @dataclass(frozen=True)
@@ -161,4 +162,5 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
         "cpu_forced": environ.get("DDPGUIDE_DEVICE", "").strip().lower() == "cpu"
         or environ.get("DDPGUIDE_BACKEND", "").strip().lower() == "gloo",
         "connect_ms": round(connect_ms, 3),
+        "shm_bytes": shm_bytes(),
     }

@@ -39,6 +39,8 @@ class Options:
     sizes: tuple[int, ...] | None = None     # all-reduce sweep in bytes; () skips it; None: default
     nproc: int = DEFAULT_NPROC               # ranks of the local group (no launcher only)
     json_path: Path | None = None
+    checkpoint_dir: Path | None = None       # checked: writable, the same on every rank
+    checkpoint_bytes: int | None = None      # free space needed there (one checkpoint)
 
     def sizes_for(self, device_type: str) -> tuple[int, ...]:
         """The sweep's sizes: as asked, else 4 KiB..16 MiB on the CPU, 4 KiB..1 GiB on GPUs."""
@@ -53,6 +55,10 @@ class Options:
             argv += ["--sizes", ",".join(str(s) for s in self.sizes) if self.sizes else "none"]
         if self.json_path is not None:
             argv += ["--json", str(self.json_path)]
+        if self.checkpoint_dir is not None:
+            argv += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        if self.checkpoint_bytes is not None:
+            argv += ["--checkpoint-size", str(self.checkpoint_bytes)]
         return argv
 
 
@@ -125,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc", metavar="N", default=None,
                         help=f"without a launcher: ranks of the local group (default {DEFAULT_NPROC})")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the report as JSON")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                        help="check that every rank can write DIR and sees the others' files there")
+    parser.add_argument("--checkpoint-size", metavar="SIZE", default=None,
+                        help="with --checkpoint-dir: free space one checkpoint needs, e.g. 40G")
     return parser
 
 
@@ -148,7 +158,20 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
             raise UsageError(f"--nproc {args.nproc!r}: must be a whole number from 1 to {MAX_NPROC}")
         nproc = int(args.nproc)
     json_path = None if args.json is None else _json_path(args.json)
-    return Options(timeout_s, sizes, nproc, json_path)
+    checkpoint_dir = None
+    if args.checkpoint_dir is not None:
+        checkpoint_dir = Path(args.checkpoint_dir).absolute()
+        if not checkpoint_dir.is_dir():
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir!r}: not a directory")
+    checkpoint_bytes = None
+    if args.checkpoint_size is not None:
+        if checkpoint_dir is None:
+            raise UsageError("--checkpoint-size needs --checkpoint-dir")
+        try:
+            checkpoint_bytes = parse_size(args.checkpoint_size)
+        except ValueError as error:
+            raise UsageError(f"--checkpoint-size {args.checkpoint_size!r}: {error}") from None
+    return Options(timeout_s, sizes, nproc, json_path, checkpoint_dir, checkpoint_bytes)
 
 
 def options_or_exit(argv: Sequence[str]) -> Options:

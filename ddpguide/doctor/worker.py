@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from typing import Any, Mapping
 
 import torch
@@ -52,6 +53,13 @@ from ddpguide.doctor.rendezvous import (
     wait_for_result,
 )
 from ddpguide.doctor.report import format_report, new_report, write_json
+from ddpguide.doctor.storage import (
+    clock_problems,
+    probe_directory,
+    remove_probe,
+    shm_problems,
+    storage_problems,
+)
 from ddpguide.doctor.sweep import (
     MAX_LINK_BYTES,
     bandwidth_sweep,
@@ -84,8 +92,22 @@ def _leave_word(environ: Mapping[str, str], rank: str, host: str, message: str,
 
 
 def _group_checks(identity: Identity, runtime: Runtime, board: Board,
-                  options: Options) -> dict[str, Any]:
-    """Join the process group over the same store, run the checks, leave the group."""
+                  options: Options, ruling: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint directory, then join the process group over the same store, run the
+    checks, leave the group."""
+    storage = None
+    if options.checkpoint_dir is not None:
+        storage = probe_directory(options.checkpoint_dir, ruling["token"], identity.rank,
+                                  identity.world_size, min(options.timeout_s, 10.0))
+        remove_probe(options.checkpoint_dir, ruling["token"], identity.rank)
+    result = _collectives(identity, runtime, board, options)
+    result["storage"] = storage
+    result["clock_skew_s"] = ruling.get("skew_s", 0.0)
+    return result
+
+
+def _collectives(identity: Identity, runtime: Runtime, board: Board,
+                 options: Options) -> dict[str, Any]:
     device = runtime.device(identity.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -128,7 +150,8 @@ def stale_after_s(timeout_s: float) -> float:
 
 
 def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
-             timeout_s: float, report: dict[str, Any]) -> list[Problem]:
+             timeout_s: float, report: dict[str, Any],
+             checkpoint_bytes: int | None = None) -> list[Problem]:
     """Rank 0 gathers every rank's results (through the store: the group may be broken)."""
     mine_backend = records[0]["backend"]
     hosts = {r["rank"]: r["host"] for r in records}
@@ -156,6 +179,11 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
                                           hosts, size)
         problems += slow_link_problems(report["links"], mine_backend)
     report["silent_ranks"] = [problem.rank for problem in silent]
+    answered = {rank: r for rank, r in per_rank.items() if r}
+    problems += storage_problems({rank: r.get("storage") for rank, r in answered.items()}, hosts,
+                                 len(hosts), checkpoint_bytes)
+    problems += clock_problems({rank: r["clock_skew_s"] for rank, r in answered.items() if rank != 0},
+                               hosts)
     return silent + problems
 
 
@@ -186,16 +214,19 @@ def _lead(board: Board, identity: Identity, runtime: Runtime, options: Options,
     records = board.records(arrived)
     master = f"{identity.master_addr}:{identity.master_port}"
     problems = verdict(records, identity.world_size, options.timeout_s, master, board.strays())
+    problems += shm_problems(records)
     report["ranks"] = records
     report["problems"] = [p.as_dict() for p in problems]
-    board.post("verdict", {"ok": not problems})
+    # The token names this run's files in the checkpoint directory; the time is rank 0's clock.
+    ruling = {"ok": not problems, "token": uuid.uuid4().hex, "time": time.time()}
+    board.post("verdict", ruling)
     followers = board.arrivals() - 1
     if problems:
         return _finish(board, report, options, started, followers)
     phase[0] = "checking the collectives"
-    mine = _group_checks(identity, runtime, board, options)
+    mine = _group_checks(identity, runtime, board, options, ruling)
     phase[0] = "collecting the other ranks' results"
-    problems = _collect(board, records, mine, options.timeout_s, report)
+    problems = _collect(board, records, mine, options.timeout_s, report, options.checkpoint_bytes)
     report["problems"] = [p.as_dict() for p in problems]
     # A stopped rank will never read the end: do not wait for it.
     return _finish(board, report, options, started, followers - len(report.pop("silent_ranks")))
@@ -206,6 +237,8 @@ def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options
     phase[0] = "waiting for rank 0's verdict"
     # Rank 0 may have started up to one timeout later, and then waits one timeout.
     ruling = board.wait_for("verdict", time.monotonic() + 2 * options.timeout_s + 10.0)
+    if ruling is not None:  # this clock against rank 0's, read within a poll of its posting
+        ruling["skew_s"] = time.time() - ruling["time"]
     if ruling is None:
         print(Problem(identity.rank, host, "rank 0 posted no verdict within "
                       f"{2 * options.timeout_s + 10:g} s").line(), flush=True)
@@ -213,7 +246,8 @@ def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options
     if ruling["ok"]:
         phase[0] = "checking the collectives"
         with Heartbeat(board, identity.rank):
-            board.post(f"result/{identity.rank}", _group_checks(identity, runtime, board, options))
+            board.post(f"result/{identity.rank}",
+                       _group_checks(identity, runtime, board, options, ruling))
     phase[0] = "waiting for rank 0's report"
     final = board.wait_for("report", time.monotonic() + 2 * options.timeout_s + 20.0)
     board.count("acks")

@@ -71,3 +71,17 @@ def test_command_line_exits_2_and_writes_nothing(tmp_path, args, message):
     assert done.stdout == ""
     assert done.stderr == f"python -m ddpguide.doctor: error: {message}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_options(tmp_path):
+    options = parse_options(["--checkpoint-dir", str(tmp_path), "--checkpoint-size", "40G"], {})
+    assert (options.checkpoint_dir, options.checkpoint_bytes) == (tmp_path, 40 * 2 ** 30)
+    assert options.rank_argv()[-4:] == ["--checkpoint-dir", str(tmp_path),
+                                        "--checkpoint-size", str(40 * 2 ** 30)]
+    for argv, message in (
+        (["--checkpoint-dir", str(tmp_path / "nope")], f"--checkpoint-dir {str(tmp_path / 'nope')!r}: not a directory"),
+        (["--checkpoint-size", "1G"], "--checkpoint-size needs --checkpoint-dir"),
+    ):
+        with pytest.raises(UsageError) as caught:
+            parse_options(argv, {})
+        assert str(caught.value) == message

@@ -10,6 +10,7 @@ import datetime
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -343,3 +344,49 @@ def test_run_rank_leaves_word_for_rank_0_in_the_store(capsys):
         f"PROBLEM rank 5 (host {HOST}): RANK=5 is not smaller than WORLD_SIZE=2"]
     board = rendezvous.Board(store, rendezvous.key_prefix(env))
     assert board.strays() == [f"5|{HOST}|RANK=5 is not smaller than WORLD_SIZE=2"]
+
+
+# ---------------------------------------------------------------- storage, /dev/shm, clocks
+
+def test_checkpoint_directory_shared_writable_and_large_enough(tmp_path):
+    from ddpguide.doctor import storage
+
+    shared, other = tmp_path / "shared", tmp_path / "node-b-local"
+    shared.mkdir(), other.mkdir()
+    # ranks 0 and 1 see one directory; rank 2 gets a directory of its own (another node's disk)
+    for rank, folder in ((0, shared), (1, shared), (2, other)):
+        (folder / f".ddpguide-doctor-tok-rank{rank}").write_text("x")
+    found = {rank: storage.probe_directory(folder, "tok", rank, 3, wait_s=0.5)
+             for rank, folder in ((0, shared), (1, shared), (2, other))}
+    assert [found[r]["seen"] for r in range(3)] == [[0, 1], [0, 1], [2]]
+    hosts = {0: "a", 1: "a", 2: "b"}
+    lines = [p.line() for p in storage.storage_problems(found, hosts, 3, None)]
+    assert lines[2] == (f"PROBLEM rank 2 (host b): checkpoint directory {other} is not the directory "
+                        "the other ranks write to: this rank does not see the files of ranks 0, 1 "
+                        "(a checkpoint needs one directory that every rank sees)")
+    assert len(lines) == 3
+    shared_only = {r: found[r] for r in (0, 1)}
+    assert storage.storage_problems(shared_only, hosts, 2, None) == []
+    huge = 2 ** 60  # more than any disk: one checkpoint would not fit
+    assert [p.message.split(" has ")[1].endswith(f"than one checkpoint ({storage.format_size(huge)})")
+            for p in storage.storage_problems(shared_only, hosts, 2, huge)] == [True, True]
+    # /proc takes no new files, even from root: a directory this rank cannot write
+    result = storage.probe_directory(Path("/proc"), "tok", 0, 1, wait_s=0.2)
+    assert result["write_error"] is not None
+    assert storage.storage_problems({0: result}, {0: "a"}, 1, None)[0].message == (
+        f"checkpoint directory /proc is not writable ({result['write_error']})")
+
+
+def test_small_dev_shm_on_nccl_and_clock_skew_are_problems():
+    from ddpguide.doctor import storage
+
+    records = [{"rank": 0, "host": "a", "backend": "nccl", "shm_bytes": 64 * 2 ** 20},
+               {"rank": 1, "host": "b", "backend": "nccl", "shm_bytes": 32 * 2 ** 30},
+               {"rank": 2, "host": "c", "backend": "gloo", "shm_bytes": 64 * 2 ** 20}]
+    assert [p.line() for p in storage.shm_problems(records)] == [
+        "PROBLEM rank 0 (host a): /dev/shm is 64.0 MiB, below 512.0 MiB: nccl's shared-memory "
+        "transport fails with it (in a container: --ipc=host or --shm-size)"]
+    assert storage.shm_bytes("/no/such/dir") is None
+    assert [p.line() for p in storage.clock_problems({1: 0.3, 2: -12.5}, {1: "b", 2: "c"})] == [
+        "PROBLEM rank 2 (host c): wall clock -12.5 s from rank 0's (more than 5 s: logs of "
+        "different hosts will not line up; run NTP)"]
