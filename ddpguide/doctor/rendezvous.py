@@ -140,7 +140,9 @@ class Board:
     def wait_for_ranks(self, world_size: int, deadline: float) -> list[int]:
         """Poll until ranks 0..world_size-1 registered or ``deadline``; the ranks that did."""
         while True:
-            arrived = [r for r in range(world_size) if self.has(f"count/{r}")]
+            # The record, not the counter: register() takes its slot before it writes the
+            # record, and a rank counted between the two would be reported missing.
+            arrived = [r for r in range(world_size) if self.has(f"facts/{r}/1")]
             if len(arrived) == world_size or time.monotonic() > deadline:
                 return arrived
             time.sleep(_POLL_S)

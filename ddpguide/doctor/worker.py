@@ -99,8 +99,11 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
     if options.checkpoint_dir is not None:
         storage = probe_directory(options.checkpoint_dir, ruling["token"], identity.rank,
                                   identity.world_size, min(options.timeout_s, 10.0))
-        remove_probe(options.checkpoint_dir, ruling["token"], identity.rank)
-    result = _collectives(identity, runtime, board, options)
+    try:
+        result = _collectives(identity, runtime, board, options)
+    finally:  # after the collectives: every rank has looked for the others' files by then
+        if options.checkpoint_dir is not None:
+            remove_probe(options.checkpoint_dir, ruling["token"], identity.rank)
     result["storage"] = storage
     result["clock_skew_s"] = ruling.get("skew_s", 0.0)
     return result

@@ -188,6 +188,17 @@ def test_board_records_duplicates_strays_and_missing_keys():
     assert board.wait_for("verdict", time.monotonic()) == {"ok": True}
 
 
+def test_a_rank_counted_but_not_yet_recorded_has_not_arrived():
+    # register() takes its slot (count/R) before it writes the record: between the two, rank 0
+    # must keep waiting, or it reads no record and reports the rank as missing.
+    board = rendezvous.Board(dist.HashStore(), rendezvous.key_prefix({}))
+    board.register(0, {"rank": 0})
+    board.store.add(board.prefix + "count/1", 1)  # rank 1 half-way through register()
+    assert board.wait_for_ranks(2, time.monotonic() + 0.2) == [0]
+    board.store.set(board.prefix + "facts/1/1", '{"rank": 1}')
+    assert board.wait_for_ranks(2, time.monotonic() + 0.2) == [0, 1]
+
+
 # ---------------------------------------------------------------- collectives
 
 def test_bus_factor_is_two_n_minus_one_over_n():
