@@ -60,12 +60,12 @@ def _collective_lines(collectives: dict[str, list[dict[str, Any]]]) -> list[str]
         failed = {rank: r for rank, r in outcomes.items() if r is not None and not r["ok"]}
         if failed:
             for rank, r in sorted(failed.items(), key=lambda item: int(item[0])):
-                lines.append(f"  {name:<18} FAILED on rank {rank}: {r['detail']}")
+                lines.append(f"  {name:<24} FAILED on rank {rank}: {r['detail']}")
         elif all(r is not None for r in outcomes.values()):
             slowest = max(r["ms"] for r in outcomes.values())
-            lines.append(f"  {name:<18} ok    ({slowest:.1f} ms)")
+            lines.append(f"  {name:<24} ok    ({slowest:.1f} ms)")
         else:
-            lines.append(f"  {name:<18} not run")
+            lines.append(f"  {name:<24} not run")
     return lines
 
 

@@ -286,7 +286,7 @@ def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
         "1 host(s): node-a; torch 2.14.1, CUDA -, gloo",
         "GPUs visible per host: node-a: 0",
         "collectives (each rank's result against the known one):",
-        "  barrier            ok    (1.2 ms)",
+        "  barrier                  ok    (1.2 ms)",
         "all_reduce sweep (float32, 2 ranks; algbw = bytes/time, busbw = algbw * 2(n-1)/n = algbw * 1.00):",
         "      size       time       algbw       busbw",
         "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s",
@@ -307,7 +307,7 @@ def test_a_failing_report_names_each_problem_and_counts_them():
                                  "detail": "got [1.0], expected [3.0]"}]}
     lines = report.format_report(rep)
     assert not any(line.startswith("launcher:") for line in lines)  # no agreement to claim
-    assert lines[-4:] == ["  all_reduce sum     FAILED on rank 0: got [1.0], expected [3.0]",
+    assert lines[-4:] == ["  all_reduce sum           FAILED on rank 0: got [1.0], expected [3.0]",
                           "PROBLEM rank 1 (host unknown): did not arrive",
                           "PROBLEM rank 2 (host unknown): did not arrive",
                           "summary: 2 problem(s) found; exit status 1"]
