@@ -140,8 +140,13 @@ def _objects(rank: int, world: int, device: torch.device):
     dist.all_gather_object(gathered, {"rank": rank})  # DCP's planner exchanges objects
     box = [{"from": world - 1}] if rank == world - 1 else [None]
     dist.broadcast_object_list(box, src=world - 1)
+    at_last: list[Any] | None = [None] * world if rank == world - 1 else None
+    dist.gather_object(rank * 10, at_last, dst=world - 1)
     got = [float(g["rank"]) for g in gathered] + [float(box[0]["from"])]
-    return torch.tensor(got), torch.tensor([float(r) for r in range(world)] + [float(world - 1)])
+    expected = [float(r) for r in range(world)] + [float(world - 1)]
+    if at_last is not None:
+        got, expected = got + [float(v) for v in at_last], expected + [10.0 * r for r in range(world)]
+    return torch.tensor(got), torch.tensor(expected)
 
 
 def _barrier(rank: int, world: int, device: torch.device):
