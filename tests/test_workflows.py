@@ -148,3 +148,20 @@ def test_gpu_job_uses_documented_self_hosted_labels_and_nccl():
     assert job["env"]["DDPGUIDE_BACKEND"] == "nccl"
     commands = "\n".join(step.get("run", "") for step in job["steps"])
     assert "--nbmake" in commands and "ddpguide.bench" in commands
+
+
+def test_every_chapter_states_its_ranks_and_the_gpu_job_runs_it_where_it_fits():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_chapters", ROOT / "tools" / "gpu_chapters.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    notebooks = sorted(path.stem for path in (ROOT / "book").glob("*.ipynb"))
+    assert set(tool.RANKS) == set(notebooks)
+    fit, rest = tool.select(2, fit=True), tool.select(2, fit=False)
+    assert sorted(fit + rest) == [f"book/{name}.ipynb" for name in notebooks]
+    assert "book/10_debugging.ipynb" in fit and "book/06_sbp.ipynb" in rest  # 2 x 2 meshes
+    assert tool.select(8, fit=False) == []
+    commands = "\n".join(step.get("run", "") for step in
+                         load_workflow(ROOT / ".github" / "workflows" / "ci.yml")["jobs"]["multi-gpu"]["steps"])
+    assert "tools/gpu_chapters.py --fit" in commands and "tools/gpu_chapters.py --no-fit" in commands

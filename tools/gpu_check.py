@@ -5,8 +5,11 @@ Each chapter runs first with every rank on the GPU (``DDPGUIDE_DEVICE=cuda``,
 it). gloo moves only some collectives of CUDA tensors (all-reduce and
 broadcast, which is what DDP needs), so a chapter that fails that way runs
 again with the package's own choice (``select_runtime``: CUDA for one rank,
-gloo on CPU for several); the summary shows both results. Then the benchmark
-suites that a GPU changes run in quick mode. Everything shares one time budget
+gloo on CPU for several); the summary shows both results. Then the nccl paths
+that CPU tests only simulate run for real (``tools/gpu_nccl_checks.py``:
+``dcp.async_save`` and the CPU backend, the one-GPU-per-rank device choice, the
+doctor on nccl with its sweep to 1 GiB), and the benchmark suites that a GPU
+changes run in quick mode. Everything shares one time budget
 (8 minutes by default); what does not fit is reported as not run.
 
 Without a visible GPU it says so and runs nothing (exit status 0, or 1 with
@@ -121,6 +124,21 @@ def check_suite(suite: str, deadline: float) -> Outcome:
     return Outcome(suite, "quick", "passed", seconds, note)
 
 
+NCCL_CHECKS_S = 120.0  # kept out of the chapters' share of the budget
+
+
+def check_nccl_paths(deadline: float) -> Outcome:
+    remaining = deadline - time.monotonic()
+    if remaining < 20:
+        return Outcome("nccl paths", "one GPU", "not run", note="time budget spent")
+    command = [sys.executable, "tools/gpu_nccl_checks.py"]
+    ok, seconds, log = run(command, {"PYTHONPATH": str(ROOT)}, min(NCCL_CHECKS_S * 2, remaining),
+                           OUT / "nccl-checks.log")
+    lines = [line for line in log.splitlines() if ": ok" in line or ": FAILED" in line]
+    return Outcome("nccl paths", "one GPU", "passed" if ok else "FAILED", seconds,
+                   "; ".join(lines) or first_error(log))
+
+
 def summary(gpus: str, chapters: list[Outcome], suites: list[Outcome], elapsed: float) -> str:
     rows = [("chapter", "mode", "result", "time", "note")]
     rows += [(o.name, o.mode, o.status, f"{o.seconds:.0f} s", o.note) for o in chapters]
@@ -152,13 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     suites = [s for s in GPU_SUITES if s in SUITES]
     # The benchmarks keep about a minute each out of the budget.
-    chapters_deadline = start + args.budget - min(60.0 * len(suites), args.budget / 3)
+    chapters_deadline = (start + args.budget - NCCL_CHECKS_S
+                         - min(60.0 * len(suites), args.budget / 3))
     notebooks = sorted((ROOT / "book").glob("*.ipynb"))
     per_chapter = max(60.0, (chapters_deadline - start) / max(1, len(notebooks)))
     chapter_outcomes: list[Outcome] = []
     for notebook in notebooks:
         chapter_outcomes += check_chapter(notebook, chapters_deadline, per_chapter * 1.5)
         print(f"  {chapter_outcomes[-1].name}: {chapter_outcomes[-1].status}", flush=True)
+    chapter_outcomes.append(check_nccl_paths(chapters_deadline + NCCL_CHECKS_S))
+    print(f"  nccl paths: {chapter_outcomes[-1].status}", flush=True)
     suite_outcomes = [check_suite(s, start + args.budget) for s in suites]
     print()
     print(summary(gpus, chapter_outcomes, suite_outcomes, time.monotonic() - start))

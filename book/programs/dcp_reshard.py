@@ -9,7 +9,8 @@ tensor each file holds. Loading asks for the pieces the *current* ranks own,
 whatever the number of ranks that wrote them. The save also keeps a full copy
 of every tensor (full_state.pt, only for the check); the load compares every
 model and optimizer tensor with it (torch.equal: exact).
-Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
+Gloo on CPU; on GPUs nccl with one GPU per rank, and gloo beside it for CPU tensors
+("cpu:gloo,cuda:nccl", which dcp.async_save needs).
 
 Source: PyTorch's distributed-checkpoint documentation (no seed article covers it).
 """
@@ -83,13 +84,31 @@ def parse_args():
     return directory, args.load
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def setup():
-    local_world = int(os.environ["LOCAL_WORLD_SIZE"])
-    use_gpu = torch.cuda.device_count() >= local_world
-    if use_gpu:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if use_gpu else "gloo", timeout=datetime.timedelta(seconds=60))
-    return "cuda" if use_gpu else "cpu"
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # On GPUs: nccl for CUDA tensors and gloo for CPU ones. dcp.async_save refuses a group
+    # without a CPU backend ("A CPU backend must be enabled for async save"): it stages the
+    # state in CPU memory and writes it in the background. Plain "nccl" would not do.
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=60))
+    return device.type
 
 
 def say(*args):

@@ -91,13 +91,27 @@ def load_data(root: str):
             TensorDataset(images[test], labels[test]), 8)
 
 
-def setup(local_rank: int, local_world_size: int) -> torch.device:
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+def setup() -> torch.device:
     """Join the process group (torchrun set the variables it reads); return this rank's device."""
-    if torch.cuda.device_count() >= local_world_size:
-        device, backend = torch.device("cuda", local_rank), "nccl"
+    device = rank_device()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, init_method="env://", timeout=TIMEOUT)
     return device
 
@@ -193,11 +207,10 @@ def train_convnet(rank: int, world_size: int, device: torch.device, args) -> dic
 
 
 def worker(rank: int, world_size: int, args):
-    local_rank = int(os.environ["LOCAL_RANK"])
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])
     # torchrun sets OMP_NUM_THREADS=1; the same share as in ddp_spawn.py keeps results alike.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
-    device = setup(local_rank, local_world_size)
+    device = setup()
     log(rank, f"{world_size} ranks, backend {dist.get_backend()}, device {device.type}")
     toy_weights = train_toy(rank, world_size, device, args)
     result = train_convnet(rank, world_size, device, args)

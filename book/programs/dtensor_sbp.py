@@ -46,11 +46,26 @@ def collectives(action) -> tuple:
     return result, ", ".join(names) or "none"
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def main():
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = "cuda" if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]) else "cpu"
+    device = rank_device().type
     if device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(rank_device())
     dist.init_process_group("nccl" if device == "cuda" else "gloo",
                             timeout=timedelta(seconds=60))
     failures = []

@@ -10,6 +10,12 @@ Environment overrides:
     ``gloo`` or ``nccl``; forces the process-group backend.
 ``DDPGUIDE_DEVICE``
     ``cpu`` or ``cuda``; forces the device type.
+
+GPUs are used when each rank on this machine gets its own: either the machine
+shows at least ``LOCAL_WORLD_SIZE`` GPUs (rank ``LOCAL_RANK`` takes GPU
+``LOCAL_RANK``), or the launcher left this worker exactly one
+(``CUDA_VISIBLE_DEVICES`` naming one device, as ``srun --gpus-per-task=1`` and
+many Kubernetes set-ups do; the rank takes ``cuda:0``, which is that GPU).
 """
 
 from __future__ import annotations
@@ -45,10 +51,35 @@ class Runtime:
     device_type: str
 
     def device(self, local_rank: int = 0) -> torch.device:
-        """The device of the worker with this local rank (one GPU per rank)."""
+        """The device of the worker with this local rank (one GPU per rank).
+
+        ``cuda:LOCAL_RANK`` among the GPUs this process sees; ``cuda:0`` when it
+        sees one (the GPU its launcher left it).
+        """
         if self.device_type == "cuda":
             return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
         return torch.device("cpu")
+
+
+def listed_cuda_devices(environ: Mapping[str, str]) -> list[str] | None:
+    """The devices ``CUDA_VISIBLE_DEVICES`` names, or None when it is not set."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def one_gpu_per_rank(gpus: int, local_world_size: int, environ: Mapping[str, str]) -> bool:
+    """Whether every rank on this machine has a GPU of its own.
+
+    True when ``gpus`` (what ``torch.cuda.device_count()`` says in this process)
+    covers every local rank, or when this is a launched worker (``LOCAL_RANK``
+    set) whose ``CUDA_VISIBLE_DEVICES`` leaves it exactly the one GPU it sees.
+    """
+    if gpus >= local_world_size:
+        return True
+    listed = listed_cuda_devices(environ)
+    return gpus == 1 and "LOCAL_RANK" in environ and listed is not None and len(listed) == 1
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -66,8 +97,8 @@ def select_runtime(
 ) -> Runtime:
     """Choose backend and device for ``local_world_size`` workers on this machine.
 
-    nccl with one GPU per rank when this machine has at least that many GPUs,
-    otherwise gloo on CPU. Explicit arguments win over ``DDPGUIDE_BACKEND`` /
+    nccl with one GPU per rank when every rank has its own
+    (:func:`one_gpu_per_rank`), otherwise gloo on CPU. Explicit arguments win over ``DDPGUIDE_BACKEND`` /
     ``DDPGUIDE_DEVICE``, which win over the automatic choice.
     """
     environ = os.environ if environ is None else environ
@@ -81,7 +112,7 @@ def select_runtime(
         device_type = _check_choice("device", device_type, DEVICE_TYPES)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    enough_gpus = gpus >= local_world_size
+    enough_gpus = one_gpu_per_rank(gpus, local_world_size, environ)
     if device_type is None:
         if backend == "nccl":
             device_type = "cuda"
@@ -95,6 +126,10 @@ def select_runtime(
         raise ValueError("backend 'nccl' needs device 'cuda'; use 'gloo' on CPU")
     if device_type == "cuda" and gpus == 0:
         raise ValueError("device 'cuda' requested but no GPU is visible")
+    if backend == "nccl" and not enough_gpus:
+        # nccl refuses two ranks on one GPU; say so before any process starts.
+        raise ValueError(f"backend 'nccl' needs one GPU per rank: {local_world_size} ranks on this "
+                         f"machine, {gpus} GPU(s) visible (use gloo, or fewer ranks)")
     return Runtime(backend=backend, device_type=device_type)
 
 

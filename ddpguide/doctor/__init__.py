@@ -8,15 +8,19 @@ Run it where the training will run, with the same launcher::
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 -m ddpguide.doctor --json doctor.json
 
-Every rank checks its launcher variables, reaches the rendezvous endpoint
-(``MASTER_ADDR:MASTER_PORT``, bounded by ``--timeout``) and registers in the
-rendezvous store; rank 0 checks that they agree (unique ``RANK`` below
-``WORLD_SIZE``, one ``MASTER_ADDR``/``MASTER_PORT``, ``LOCAL_RANK`` below
-``LOCAL_WORLD_SIZE``, one GPU per rank, one torch version). Then the ranks form
-a process group, check every collective the book uses against its known
-result, pass ``dist.monitored_barrier`` and time an all-reduce sweep. Rank 0
-prints one line per rank, one line per problem (``PROBLEM rank R (host H):
-...``) and a summary.
+Every rank checks its launcher variables, that ``MASTER_ADDR`` resolves, reaches
+the rendezvous endpoint (``MASTER_ADDR:MASTER_PORT``, bounded by ``--timeout``)
+and registers in the rendezvous store; rank 0 checks that they agree (unique
+``RANK`` below ``WORLD_SIZE``, one ``MASTER_ADDR``/``MASTER_PORT``, ``LOCAL_RANK``
+below ``LOCAL_WORLD_SIZE``, one GPU per rank by the package's rule or "GPUs
+visible but this job would run on CPU", one torch and nccl version, ``/dev/shm``).
+Then the ranks form a process group, check the collectives the book uses
+(:data:`ddpguide.doctor.collectives.CHECKS`, the 2-D sub-groups, then
+``dist.monitored_barrier``) against their known results, time an all-reduce
+sweep and every ring link, and optionally a shared checkpoint directory
+(``--checkpoint-dir``, ``--checkpoint-size``) and the clocks. Rank 0 prints one
+line per rank, one line per problem (``PROBLEM rank R (host H): ...``) and a
+summary. Each rank ends within 3 x ``--timeout`` + 120 s (its watchdog).
 
 Under SLURM, run it as the training runs: torchrun inside the job (one agent
 per node, as ``cluster/slurm_torchrun.sbatch`` does), or srun with ``RANK``,

@@ -71,6 +71,84 @@ def _send_recv_ring(rank: int, world: int, device: torch.device):
     return received, torch.tensor([float((rank - 1) % world)])
 
 
+def _reduce(rank: int, world: int, device: torch.device):
+    target = world - 1  # not rank 0, as for broadcast
+    tensor = torch.full((3,), float(rank + 1), device=device)
+    dist.reduce(tensor, dst=target)
+    if rank != target:  # what the others hold afterwards is unspecified
+        return torch.zeros(1), torch.zeros(1)
+    return tensor, torch.full((3,), world * (world + 1) / 2)
+
+
+def _gather(rank: int, world: int, device: torch.device):
+    target = world - 1
+    pieces = [torch.zeros(2, device=device) for _ in range(world)] if rank == target else None
+    dist.gather(torch.full((2,), float(rank), device=device), pieces, dst=target)
+    if rank != target:
+        return torch.zeros(1), torch.zeros(1)
+    return pieces, [torch.full((2,), float(r)) for r in range(world)]
+
+
+def _scatter(rank: int, world: int, device: torch.device):
+    source = world - 1
+    output = torch.zeros(2, device=device)
+    pieces = [torch.full((2,), 10.0 * r + 1, device=device) for r in range(world)] if rank == source else None
+    dist.scatter(output, pieces, src=source)
+    return output, torch.full((2,), 10.0 * rank + 1)
+
+
+def _all_gather_single(rank: int, world: int, device: torch.device):
+    # all_gather_into_tensor's name since torch 2.14 (FSDP2 and ZeRO-3 gather with it)
+    output = torch.zeros(world * 2, device=device)
+    dist.all_gather_single(output, torch.full((2,), float(rank), device=device))
+    return output, torch.arange(world, dtype=torch.float32).repeat_interleave(2)
+
+
+def _reduce_scatter_single(rank: int, world: int, device: torch.device):
+    # reduce_scatter_tensor's name since torch 2.14
+    output = torch.zeros(3, device=device)
+    full = torch.cat([_reduce_scatter_input(rank, j, world) for j in range(world)]).to(device)
+    dist.reduce_scatter_single(output, full)
+    return output, sum(_reduce_scatter_input(s, rank, world) for s in range(world))
+
+
+def _all_to_all_single_uneven(rank: int, world: int, device: torch.device):
+    # Rank r sends j + 1 elements to rank j (uneven splits, as MoE token dispatch does).
+    sizes_out = [j + 1 for j in range(world)]
+    sizes_in = [rank + 1] * world
+    data = torch.cat([torch.full((j + 1,), 100.0 * rank + j) for j in range(world)]).to(device)
+    output = torch.zeros(sum(sizes_in), device=device)
+    dist.all_to_all_single(output, data, output_split_sizes=sizes_in, input_split_sizes=sizes_out)
+    return output, torch.cat([torch.full((rank + 1,), 100.0 * s + rank) for s in range(world)])
+
+
+def _batch_isend_irecv(rank: int, world: int, device: torch.device):
+    if world == 1:
+        return torch.zeros(1), torch.zeros(1)
+    left, right = (rank - 1) % world, (rank + 1) % world
+    from_left, from_right = torch.zeros(1, device=device), torch.zeros(1, device=device)
+    mine = torch.tensor([float(rank)], device=device)
+    ops = [dist.P2POp(dist.isend, mine, right), dist.P2POp(dist.irecv, from_left, left),
+           dist.P2POp(dist.isend, mine, left), dist.P2POp(dist.irecv, from_right, right)]
+    for request in dist.batch_isend_irecv(ops):  # the pipeline library's way (chapter 5)
+        request.wait()
+    return [from_left, from_right], [torch.tensor([float(left)]), torch.tensor([float(right)])]
+
+
+def _objects(rank: int, world: int, device: torch.device):
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"rank": rank})  # DCP's planner exchanges objects
+    box = [{"from": world - 1}] if rank == world - 1 else [None]
+    dist.broadcast_object_list(box, src=world - 1)
+    at_last: list[Any] | None = [None] * world if rank == world - 1 else None
+    dist.gather_object(rank * 10, at_last, dst=world - 1)
+    got = [float(g["rank"]) for g in gathered] + [float(box[0]["from"])]
+    expected = [float(r) for r in range(world)] + [float(world - 1)]
+    if at_last is not None:
+        got, expected = got + [float(v) for v in at_last], expected + [10.0 * r for r in range(world)]
+    return torch.tensor(got), torch.tensor(expected)
+
+
 def _barrier(rank: int, world: int, device: torch.device):
     dist.barrier()
     return torch.zeros(1), torch.zeros(1)
@@ -84,6 +162,14 @@ CHECKS: dict[str, Check] = {
     "reduce_scatter": _reduce_scatter,
     "all_to_all": _all_to_all,
     "send/recv ring": _send_recv_ring,
+    "reduce": _reduce,
+    "gather": _gather,
+    "scatter": _scatter,
+    "all_gather_single": _all_gather_single,
+    "reduce_scatter_single": _reduce_scatter_single,
+    "all_to_all_single uneven": _all_to_all_single_uneven,
+    "batch_isend_irecv": _batch_isend_irecv,
+    "object collectives": _objects,
     "barrier": _barrier,
 }
 
@@ -100,75 +186,60 @@ def _brief(value) -> str:
     return str(value.cpu().tolist())
 
 
-def check_collectives(rank: int, world: int, device: torch.device, timeout_s: float,
-                      monitor_group: Any = None) -> list[dict[str, Any]]:
-    """Run :data:`CHECKS`, then ``monitored_barrier``; one result dict per check run."""
-    results = []
-    for name, check in CHECKS.items():
-        started = time.perf_counter()
-        try:
-            got, expected = check(rank, world, device)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            ok = _same(got, expected)
-            detail = "" if ok else f"got {_brief(got)}, expected {_brief(expected)}"
-        except Exception as error:
-            ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-        results.append({"name": name, "ok": ok, "detail": detail,
-                        "ms": round(1e3 * (time.perf_counter() - started), 3)})
-        if not ok:
-            return results
+def _sub_groups(rank: int, world: int, device: torch.device, timeout_s: float):
+    """All-reduce in the rows and in the columns of a 2 x (world/2) layout of the ranks.
+
+    The groups a 2-D DeviceMesh makes (FSDP x TP, chapter 9), each with the
+    doctor's timeout: a sub-group made without one waits c10d's default.
+    """
+    half = world // 2
+    rows = [list(range(0, half)), list(range(half, world))]
+    columns = [[c, c + half] for c in range(half)]
+    timeout = datetime.timedelta(seconds=timeout_s)
+    groups = {tuple(ranks): dist.new_group(ranks, timeout=timeout) for ranks in rows + columns}
+    results, expected = [], []
+    for layout in (rows, columns):
+        members = next(ranks for ranks in layout if rank in ranks)
+        tensor = torch.full((2,), float(rank + 1), device=device)
+        dist.all_reduce(tensor, group=groups[tuple(members)])
+        results.append(tensor)
+        expected.append(torch.full((2,), float(sum(m + 1 for m in members))))
+    for group in groups.values():
+        dist.destroy_process_group(group)
+    return results, expected
+
+
+def _run(name: str, check: Callable[[], tuple[Any, Any]], device: torch.device) -> dict[str, Any]:
     started = time.perf_counter()
-    try:  # gloo only: on nccl the caller passes a gloo group
-        dist.monitored_barrier(group=monitor_group, timeout=datetime.timedelta(seconds=timeout_s),
-                               wait_all_ranks=True)
-        ok, detail = True, ""
-    except Exception as error:
-        ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-    results.append({"name": "monitored_barrier", "ok": ok, "detail": detail,
-                    "ms": round(1e3 * (time.perf_counter() - started), 3)})
-    return results
-
-
-def iterations_for(size: int) -> int:
-    """The same count on every rank (they must call the collective equally often)."""
-    return max(3, min(50, (32 * 2 ** 20) // size))
-
-
-def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device) -> list[dict[str, Any]]:
-    """This rank's time per all-reduce of each size (float32), after one warm-up call."""
-    rows = []
-    for size in sizes:
-        tensor = torch.ones(size // 4, device=device)
-        dist.all_reduce(tensor)
-        iterations = iterations_for(size)
-        dist.barrier()
-        started = time.perf_counter()
-        for _ in range(iterations):
-            dist.all_reduce(tensor)
+    try:
+        got, expected = check()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        rows.append({"bytes": size, "iterations": iterations,
-                     "seconds": (time.perf_counter() - started) / iterations})
-    return rows
+        ok = _same(got, expected)
+        detail = "" if ok else f"got {_brief(got)}, expected {_brief(expected)}"
+    except Exception as error:
+        ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    return {"name": name, "ok": ok, "detail": detail,
+            "ms": round(1e3 * (time.perf_counter() - started), 3)}
 
 
-def bus_factor(world: int) -> float:
-    """nccl-tests' all-reduce convention: bus bandwidth = algorithm bandwidth * 2(n-1)/n."""
-    return 2 * (world - 1) / world
+def check_collectives(rank: int, world: int, device: torch.device, timeout_s: float,
+                      monitor_group: Any = None) -> list[dict[str, Any]]:
+    """Run :data:`CHECKS`, the 2-D sub-groups (an even world of 4 or more), then
+    ``monitored_barrier``; one result dict per check run, up to the first failure."""
+    results = []
+    checks = [(name, lambda check=check: check(rank, world, device)) for name, check in CHECKS.items()]
+    if world >= 4 and world % 2 == 0:
+        checks.append((f"sub-groups 2x{world // 2}",
+                       lambda: _sub_groups(rank, world, device, timeout_s)))
+    for name, check in checks:
+        results.append(_run(name, check, device))
+        if not results[-1]["ok"]:
+            return results
 
-
-def summarize_sweep(per_rank: dict[int, list[dict[str, Any]]], world: int) -> list[dict[str, Any]]:
-    """Per size: the slowest rank's time defines the collective; algbw = bytes / time."""
-    rows = []
-    if not per_rank:
-        return rows
-    for index, first in enumerate(next(iter(per_rank.values()))):
-        times = {rank: rows_of_rank[index]["seconds"] for rank, rows_of_rank in per_rank.items()}
-        slowest = max(times, key=times.get)
-        seconds = times[slowest]
-        algbw = first["bytes"] / seconds / 1e9
-        rows.append({"bytes": first["bytes"], "seconds": seconds, "algbw_gbps": algbw,
-                     "busbw_gbps": algbw * bus_factor(world), "slowest_rank": slowest,
-                     "spread": seconds / min(times.values()) - 1})
-    return rows
+    def monitored():  # gloo only: on nccl the caller passes a gloo group
+        dist.monitored_barrier(group=monitor_group, timeout=datetime.timedelta(seconds=timeout_s),
+                               wait_all_ranks=True)
+        return torch.zeros(1), torch.zeros(1)
+    results.append(_run("monitored_barrier", monitored, torch.device("cpu")))
+    return results

@@ -115,19 +115,50 @@ def gpu_problems(records: Sequence[dict[str, Any]]) -> list[Problem]:
     return problems
 
 
+def cpu_with_gpu_problems(records: Sequence[dict[str, Any]]) -> list[Problem]:
+    """Ranks that see GPUs but would run on the CPU (ranks that would have to share a GPU)."""
+    return [Problem(r["rank"], r["host"],
+                    f"GPUs visible but this job would run on CPU: {r['gpus_visible']} GPU(s) for "
+                    f"LOCAL_WORLD_SIZE={r['local_world_size']} ranks, and nccl needs one GPU per "
+                    "rank (run one rank per GPU, or give each rank its own through "
+                    "CUDA_VISIBLE_DEVICES)")
+            for r in records
+            if r["gpus_visible"] and r["gpu_id"] is None and not r.get("cpu_forced")]
+
+
 def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
-    """torch and backend choice must be the same on every rank."""
+    """torch, the nccl version (on nccl) and the backend choice must be the same on every rank."""
     problems = []
     for record in records:
         mine, theirs = record["versions"]["torch"], reference["versions"]["torch"]
         if mine != theirs:
             problems.append(Problem(record["rank"], record["host"],
                                     f"torch {mine}, but rank {reference['rank']} runs torch {theirs}"))
+        mine, theirs = record["versions"].get("nccl"), reference["versions"].get("nccl")
+        if mine != theirs and "nccl" in (record["backend"], reference["backend"]):
+            # A different container image on one node: a classic cause of cross-node hangs.
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"nccl {mine}, but rank {reference['rank']} has nccl {theirs}"))
         if record["backend"] != reference["backend"]:
             problems.append(Problem(record["rank"], record["host"],
                                     f"backend {record['backend']}, but rank {reference['rank']} "
                                     f"chose {reference['backend']}"))
     return problems
+
+
+def slow_link_problems(links: dict[str, Any], backend: str) -> list[Problem]:
+    """The slowest ring link, when it is under half the median link, on nccl.
+
+    On gloo over one machine's loopback the links share the CPU, and their
+    spread is the machine's load, not a cable: reported, never a problem.
+    """
+    if not links or not links["slow"] or backend != "nccl":
+        return []
+    slow = links["slowest"]
+    return [Problem(slow["dst"], slow["dst_host"],
+                    f"slow link: rank {slow['src']} ({slow['src_host']}) -> rank {slow['dst']} "
+                    f"({slow['dst_host']}) moves {slow['gbps']:.2f} GB/s, under half the median "
+                    f"link's {links['median_gbps']:.2f} GB/s")]
 
 
 def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float,
@@ -147,5 +178,6 @@ def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float
     problems += launcher_problems(records, reference)
     problems += node_problems(records, complete=not missing)
     problems += gpu_problems(records)
+    problems += cpu_with_gpu_problems(records)
     problems += version_problems(records, reference)
     return problems

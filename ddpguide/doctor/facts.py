@@ -15,8 +15,9 @@ from typing import Any, Mapping
 
 import torch
 
-from ddpguide.core.runtime import LAUNCHER_VARIABLES, Runtime
+from ddpguide.core.runtime import LAUNCHER_VARIABLES, Runtime, listed_cuda_devices, one_gpu_per_rank
 from ddpguide.doctor import FAKE_GPUS_VARIABLE, LOCAL_LAUNCH_VARIABLE
+from ddpguide.doctor.storage import shm_bytes
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,12 @@ def gpu_inventory(environ: Mapping[str, str]) -> tuple[list[str], bool]:
     if fake:
         if not fake.isdigit():
             raise IdentityError(f"{FAKE_GPUS_VARIABLE}={fake!r} is not a whole number")
-        return [f"fake-gpu-{i}" for i in range(int(fake))], True
+        count = int(fake)
+        # Simulated GPUs are named after what CUDA_VISIBLE_DEVICES lists, so ranks bound to
+        # different devices see different GPUs, as UUIDs would tell them apart.
+        listed = listed_cuda_devices(environ) or []
+        names = listed if len(listed) == count else [str(i) for i in range(count)]
+        return [f"fake-gpu-{name}" for name in names], True
     if not torch.cuda.is_available():
         return [], False
     ids = []
@@ -129,9 +135,13 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
                connect_ms: float) -> dict[str, Any]:
     """This rank's record: identity, host, launcher variables, versions, its device."""
     gpu_ids, simulated = gpu_inventory(environ)
-    gpu_index = identity.local_rank % len(gpu_ids) if gpu_ids else None
+    # The package's rule (select_runtime): GPUs only when every local rank has its own.
+    gpu_index = None
+    if gpu_ids and one_gpu_per_rank(len(gpu_ids), identity.local_world_size, environ):
+        gpu_index = identity.local_rank if len(gpu_ids) >= identity.local_world_size else 0
     if runtime.device_type == "cuda":
         device = str(runtime.device(identity.local_rank))
+        gpu_index = runtime.device(identity.local_rank).index if gpu_ids else gpu_index
     elif gpu_index is not None and simulated:
         device = f"cuda:{gpu_index} (fake)"  # the tensors stay on the CPU
     else:
@@ -147,7 +157,10 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
         "device": device,
         "gpus_visible": len(gpu_ids),
         "gpus_simulated": simulated,
-        # The GPU this rank would use (the package's rule: LOCAL_RANK modulo the GPUs seen).
+        # The GPU this rank would use (None: the job runs on the CPU).
         "gpu_id": gpu_ids[gpu_index] if gpu_index is not None else None,
+        "cpu_forced": environ.get("DDPGUIDE_DEVICE", "").strip().lower() == "cpu"
+        or environ.get("DDPGUIDE_BACKEND", "").strip().lower() == "gloo",
         "connect_ms": round(connect_ms, 3),
+        "shm_bytes": shm_bytes(),
     }

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
 PROG = "python -m ddpguide.doctor"
-#: 4 KiB, 16 KiB, ... 16 MiB: quick on a laptop, long enough to see a slow link.
+#: 4 KiB, 16 KiB, ... 16 MiB: quick on a laptop (gloo on the CPU).
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(7))
+#: 4 KiB ... 1 GiB on GPUs: nccl-tests' bus bandwidth reaches its plateau near the top.
+DEFAULT_GPU_SIZES = tuple(4096 * 4 ** i for i in range(10))
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_NPROC = 2
 MAX_SIZE = 2 ** 30
@@ -34,16 +36,29 @@ class Options:
     """What the doctor was asked to do."""
 
     timeout_s: float = DEFAULT_TIMEOUT_S
-    sizes: tuple[int, ...] = DEFAULT_SIZES   # all-reduce sweep in bytes; () skips it
+    sizes: tuple[int, ...] | None = None     # all-reduce sweep in bytes; () skips it; None: default
     nproc: int = DEFAULT_NPROC               # ranks of the local group (no launcher only)
     json_path: Path | None = None
+    checkpoint_dir: Path | None = None       # checked: writable, the same on every rank
+    checkpoint_bytes: int | None = None      # free space needed there (one checkpoint)
+
+    def sizes_for(self, device_type: str) -> tuple[int, ...]:
+        """The sweep's sizes: as asked, else 4 KiB..16 MiB on the CPU, 4 KiB..1 GiB on GPUs."""
+        if self.sizes is not None:
+            return self.sizes
+        return DEFAULT_GPU_SIZES if device_type == "cuda" else DEFAULT_SIZES
 
     def rank_argv(self) -> list[str]:
         """The same options for the ranks a local launch starts (``--nproc`` is the parent's)."""
-        argv = ["--timeout", f"{self.timeout_s:g}",
-                "--sizes", ",".join(str(s) for s in self.sizes) if self.sizes else "none"]
+        argv = ["--timeout", f"{self.timeout_s:g}"]
+        if self.sizes is not None:
+            argv += ["--sizes", ",".join(str(s) for s in self.sizes) if self.sizes else "none"]
         if self.json_path is not None:
             argv += ["--json", str(self.json_path)]
+        if self.checkpoint_dir is not None:
+            argv += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        if self.checkpoint_bytes is not None:
+            argv += ["--checkpoint-size", str(self.checkpoint_bytes)]
         return argv
 
 
@@ -112,10 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--sizes", metavar="LIST", default=None,
                         help="all-reduce sweep message sizes, e.g. 4K,1M,16M, or 'none' "
-                             "(default 4K..16M in steps of 4x)")
+                             "(default 4K..16M in steps of 4x on the CPU, 4K..1G on GPUs)")
     parser.add_argument("--nproc", metavar="N", default=None,
                         help=f"without a launcher: ranks of the local group (default {DEFAULT_NPROC})")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the report as JSON")
+    parser.add_argument("--checkpoint-dir", metavar="DIR", default=None,
+                        help="check that every rank can write DIR and sees the others' files there")
+    parser.add_argument("--checkpoint-size", metavar="SIZE", default=None,
+                        help="with --checkpoint-dir: free space one checkpoint needs, e.g. 40G")
     return parser
 
 
@@ -129,7 +148,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
         raise UsageError(f"--timeout {args.timeout!r}: not a number of seconds") from None
     if not 0 < timeout_s <= 3600:
         raise UsageError(f"--timeout {args.timeout!r}: must be more than 0 and at most 3600 seconds")
-    sizes = DEFAULT_SIZES if args.sizes is None else _sizes(args.sizes)
+    sizes = None if args.sizes is None else _sizes(args.sizes)
     nproc = DEFAULT_NPROC
     if args.nproc is not None:
         if "RANK" in environ:
@@ -139,7 +158,20 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str] | None = None)
             raise UsageError(f"--nproc {args.nproc!r}: must be a whole number from 1 to {MAX_NPROC}")
         nproc = int(args.nproc)
     json_path = None if args.json is None else _json_path(args.json)
-    return Options(timeout_s, sizes, nproc, json_path)
+    checkpoint_dir = None
+    if args.checkpoint_dir is not None:
+        checkpoint_dir = Path(args.checkpoint_dir).absolute()
+        if not checkpoint_dir.is_dir():
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir!r}: not a directory")
+    checkpoint_bytes = None
+    if args.checkpoint_size is not None:
+        if checkpoint_dir is None:
+            raise UsageError("--checkpoint-size needs --checkpoint-dir")
+        try:
+            checkpoint_bytes = parse_size(args.checkpoint_size)
+        except ValueError as error:
+            raise UsageError(f"--checkpoint-size {args.checkpoint_size!r}: {error}") from None
+    return Options(timeout_s, sizes, nproc, json_path, checkpoint_dir, checkpoint_bytes)
 
 
 def options_or_exit(argv: Sequence[str]) -> Options:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import socket
+import threading
 import time
 from typing import Any, Mapping
 
@@ -27,6 +28,18 @@ class RendezvousError(RuntimeError):
     """The endpoint cannot be reached, or the store cannot be started or read."""
 
 
+def check_resolves(addr: str, port: int) -> None:
+    """Raise :class:`RendezvousError` naming ``addr`` when it does not resolve.
+
+    Rank 0 calls it before it starts the store: a store on a name that does not
+    resolve fails deep in C++, with a page of stack frames instead of the host's name.
+    """
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise RendezvousError(f"MASTER_ADDR={addr} does not resolve ({error.strerror})") from None
+
+
 def wait_for_endpoint(addr: str, port: int, deadline: float, timeout_s: float) -> float:
     """Connect to ``addr:port`` until it answers or ``deadline`` (time.monotonic) passes.
 
@@ -34,10 +47,7 @@ def wait_for_endpoint(addr: str, port: int, deadline: float, timeout_s: float) -
     Returns the milliseconds the successful connect took. Raises
     :class:`RendezvousError` saying why the last attempt failed.
     """
-    try:
-        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise RendezvousError(f"MASTER_ADDR={addr} does not resolve ({error.strerror})") from None
+    check_resolves(addr, port)
     last = "no attempt"
     while True:
         remaining = deadline - time.monotonic()
@@ -130,7 +140,9 @@ class Board:
     def wait_for_ranks(self, world_size: int, deadline: float) -> list[int]:
         """Poll until ranks 0..world_size-1 registered or ``deadline``; the ranks that did."""
         while True:
-            arrived = [r for r in range(world_size) if self.has(f"count/{r}")]
+            # The record, not the counter: register() takes its slot before it writes the
+            # record, and a rank counted between the two would be reported missing.
+            arrived = [r for r in range(world_size) if self.has(f"facts/{r}/1")]
             if len(arrived) == world_size or time.monotonic() > deadline:
                 return arrived
             time.sleep(_POLL_S)
@@ -161,3 +173,48 @@ class Board:
     def count(self, name: str, increment: int = 1) -> int:
         """Add to a counter and return its value (0 reads it)."""
         return int(self._call("counting", self.store.add, self._key(name), increment))
+
+
+class Heartbeat:
+    """While open, count ``beat/RANK`` up in the store every ``period_s`` (a thread).
+
+    A rank that is stopped (SIGSTOP, a frozen host) stops beating with all its
+    threads, so rank 0 can tell it from a rank that is only slow to report.
+    """
+
+    def __init__(self, board: Board, rank: int, period_s: float = 0.5):
+        self.board, self.rank, self.period_s = board, rank, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.board.count(f"beat/{self.rank}")
+            except RendezvousError:
+                return
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+def wait_for_result(board: Board, rank: int, deadline: float, stale_s: float) -> tuple[Any, float]:
+    """Rank ``rank``'s posted result, or None once its heartbeat has not moved for ``stale_s``
+    (or at ``deadline``); with the seconds its heartbeat had been still (0.0 if it posted)."""
+    last, moved = -1, time.monotonic()
+    while True:
+        if board.has(f"result/{rank}"):
+            return board.wait_for(f"result/{rank}", deadline), 0.0
+        now = time.monotonic()
+        beats = board.count(f"beat/{rank}", 0)
+        if beats != last:
+            last, moved = beats, now
+        if now - moved > stale_s or now > deadline:
+            return None, now - moved
+        time.sleep(_POLL_S * 2)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ddpguide.doctor.collectives import bus_factor
+from ddpguide.doctor.sweep import bus_factor
 from ddpguide.doctor.options import format_size
 
 
@@ -15,16 +15,17 @@ def new_report(world_size: int, master: str, timeout_s: float, launcher: str) ->
     """An empty report; the worker fills it in as the checks run."""
     return {"ok": False, "world_size": world_size, "master": master, "timeout_s": timeout_s,
             "launcher": launcher, "ranks": [], "problems": [], "collectives": {},
-            "bandwidth": [], "seconds": None}
+            "bandwidth": [], "links": {}, "seconds": None}
 
 
 def _rank_lines(records: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'rank':>4}  {'host':<16} {'local':>5}  {'device':<13} {'pid':>7}  "
-             f"{'torch':<14} {'backend':<7} {'connect':>9}"]
+             f"{'torch':<14} {'nccl':<8} {'backend':<7} {'connect':>9}"]
     for r in sorted(records, key=lambda r: (r["rank"], r["pid"])):
         lines.append(f"{r['rank']:>4}  {r['host'][:16]:<16} "
                      f"{r['local_rank']:>2}/{r['local_world_size']:<2}  {r['device']:<13} "
-                     f"{r['pid']:>7}  {r['versions']['torch']:<14} {r['backend']:<7} "
+                     f"{r['pid']:>7}  {r['versions']['torch']:<14} "
+                     f"{r['versions'].get('nccl') or '-':<8} {r['backend']:<7} "
                      f"{r['connect_ms']:>6.1f} ms")
     return lines
 
@@ -59,12 +60,12 @@ def _collective_lines(collectives: dict[str, list[dict[str, Any]]]) -> list[str]
         failed = {rank: r for rank, r in outcomes.items() if r is not None and not r["ok"]}
         if failed:
             for rank, r in sorted(failed.items(), key=lambda item: int(item[0])):
-                lines.append(f"  {name:<18} FAILED on rank {rank}: {r['detail']}")
+                lines.append(f"  {name:<24} FAILED on rank {rank}: {r['detail']}")
         elif all(r is not None for r in outcomes.values()):
             slowest = max(r["ms"] for r in outcomes.values())
-            lines.append(f"  {name:<18} ok    ({slowest:.1f} ms)")
+            lines.append(f"  {name:<24} ok    ({slowest:.1f} ms)")
         else:
-            lines.append(f"  {name:<18} not run")
+            lines.append(f"  {name:<24} not run")
     return lines
 
 
@@ -73,11 +74,21 @@ def _bandwidth_lines(rows: list[dict[str, Any]], world: int) -> list[str]:
         return []
     lines = [f"all_reduce sweep (float32, {world} ranks; algbw = bytes/time, "
              f"busbw = algbw * 2(n-1)/n = algbw * {bus_factor(world):.2f}):",
-             f"  {'size':>8} {'time':>10} {'algbw':>11} {'busbw':>11}  slowest rank"]
+             f"  {'size':>8} {'time':>10} {'algbw':>11} {'busbw':>11}"]
     for row in rows:
         lines.append(f"  {format_size(row['bytes']):>8} {1e3 * row['seconds']:>7.3f} ms "
-                     f"{row['algbw_gbps']:>6.3f} GB/s {row['busbw_gbps']:>6.3f} GB/s  "
-                     f"{row['slowest_rank']} (+{100 * row['spread']:.0f}% over the fastest)")
+                     f"{row['algbw_gbps']:>6.3f} GB/s {row['busbw_gbps']:>6.3f} GB/s")
+    return lines
+
+
+def _link_lines(links: dict[str, Any]) -> list[str]:
+    if not links:
+        return []
+    lines = [f"ring links (send/recv of {format_size(links['bytes'])} to each neighbour, "
+             "both directions, all links at once):"]
+    for link in sorted(links["links"], key=lambda link: (link["src"], link["dst"])):
+        lines.append(f"  {link['src']:>3} -> {link['dst']:<3} {link['src_host'][:16]:>16} -> "
+                     f"{link['dst_host'][:16]:<16} {link['gbps']:>7.3f} GB/s")
     return lines
 
 
@@ -91,6 +102,7 @@ def format_report(report: dict[str, Any]) -> list[str]:
             lines += [_agreement_line(report), _gpu_line(report["ranks"])]
     lines += _collective_lines(report["collectives"])
     lines += _bandwidth_lines(report["bandwidth"], report["world_size"])
+    lines += _link_lines(report.get("links") or {})
     lines += [f"PROBLEM rank {p['rank']} (host {p['host']}): {p['message']}" for p in report["problems"]]
     lines.append(summary_line(report))
     return lines
@@ -104,8 +116,11 @@ def summary_line(report: dict[str, Any]) -> str:
         slow = ""
         if report["bandwidth"]:
             last = report["bandwidth"][-1]
-            slow = (f"; slowest rank at {format_size(last['bytes'])}: {last['slowest_rank']}, "
-                    f"busbw {last['busbw_gbps']:.3f} GB/s")
+            slow = f"; busbw at {format_size(last['bytes'])}: {last['busbw_gbps']:.3f} GB/s"
+        if report.get("links"):
+            link = report["links"]["slowest"]
+            slow += (f"; slowest link {link['src']} -> {link['dst']} ({link['src_host']} -> "
+                     f"{link['dst_host']}): {link['gbps']:.3f} GB/s")
         return f"summary: OK: {report['world_size']} rank(s) on {hosts} host(s) passed every check{seconds}{slow}"
     count = len(report["problems"])
     return f"summary: {count} problem(s) found{seconds}; exit status 1"

@@ -43,6 +43,19 @@ def find_workers(variable: str, value: str) -> dict[int, int]:
     return dict(sorted(workers.items()))
 
 
+def marked_processes(variable: str, value: str) -> list[int]:
+    """Every live process whose environment has ``variable=value``: workers, their launcher,
+    and what they started (a forked helper carries the marker too). Linux only (/proc)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if _environ_of(int(entry.name)).get(variable) == value:
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
+
+
 def py_spy() -> str | None:
     """The py-spy executable: beside this Python (a virtual environment), else on PATH."""
     beside = Path(sys.executable).with_name("py-spy")
@@ -65,3 +78,22 @@ def dump_stack(pid: int, timeout_s: float = 20.0) -> tuple[bool, str]:
         why = _ANSI.sub("", done.stderr or done.stdout).strip()
         return False, why or f"py-spy exited with {done.returncode}"
     return True, _ANSI.sub("", done.stdout)
+
+
+def debug_server_page(url: str, timeout_s: float = 20.0) -> list[tuple[str, str]] | None:
+    """One page of ``torch.distributed.debug``'s debug server as (heading, text) per rank.
+
+    The server answers with HTML: an ``<h2>`` naming each rank's worker, then its
+    data in a ``<pre>``. Returns None while nothing answers at ``url``.
+    """
+    import html
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            page = response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    sections = re.findall(r"<h2>(.*?)</h2>\s*(?:<pre>(.*?)</pre>)?", page, re.S)
+    return [(html.unescape(head).strip(), html.unescape(body)) for head, body in sections]

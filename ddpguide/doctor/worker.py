@@ -18,22 +18,20 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import threading
 import time
+import uuid
 from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
 from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
-from ddpguide.doctor.collectives import (
-    bandwidth_sweep,
-    check_collectives,
-    summarize_sweep,
-)
-from ddpguide.doctor.consistency import Problem, verdict
+from ddpguide.doctor.collectives import check_collectives
+from ddpguide.doctor.consistency import Problem, slow_link_problems, verdict
 from ddpguide.doctor.facts import (
     Identity,
     IdentityError,
@@ -45,13 +43,30 @@ from ddpguide.doctor.facts import (
 from ddpguide.doctor.options import Options, watchdog_limit_s
 from ddpguide.doctor.rendezvous import (
     Board,
+    Heartbeat,
     RendezvousError,
+    check_resolves,
     host_store,
     join_store,
     key_prefix,
     wait_for_endpoint,
+    wait_for_result,
 )
 from ddpguide.doctor.report import format_report, new_report, write_json
+from ddpguide.doctor.storage import (
+    clock_problems,
+    probe_directory,
+    remove_probe,
+    shm_problems,
+    storage_problems,
+)
+from ddpguide.doctor.sweep import (
+    MAX_LINK_BYTES,
+    bandwidth_sweep,
+    link_times,
+    summarize_links,
+    summarize_sweep,
+)
 
 
 def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:
@@ -77,14 +92,31 @@ def _leave_word(environ: Mapping[str, str], rank: str, host: str, message: str,
 
 
 def _group_checks(identity: Identity, runtime: Runtime, board: Board,
-                  options: Options) -> dict[str, Any]:
-    """Join the process group over the same store, run the checks, leave the group."""
+                  options: Options, ruling: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint directory, then join the process group over the same store, run the
+    checks, leave the group."""
+    storage = None
+    if options.checkpoint_dir is not None:
+        storage = probe_directory(options.checkpoint_dir, ruling["token"], identity.rank,
+                                  identity.world_size, min(options.timeout_s, 10.0))
+    try:
+        result = _collectives(identity, runtime, board, options)
+    finally:  # after the collectives: every rank has looked for the others' files by then
+        if options.checkpoint_dir is not None:
+            remove_probe(options.checkpoint_dir, ruling["token"], identity.rank)
+    result["storage"] = storage
+    result["clock_skew_s"] = ruling.get("skew_s", 0.0)
+    return result
+
+
+def _collectives(identity: Identity, runtime: Runtime, board: Board,
+                 options: Options) -> dict[str, Any]:
     device = runtime.device(identity.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
         limit_threads(identity.local_world_size)
-    result: dict[str, Any] = {"collectives": [], "sweep": []}
+    result: dict[str, Any] = {"collectives": [], "sweep": [], "links": {}}
     try:
         dist.init_process_group(runtime.backend, store=dist.PrefixStore(board.prefix + "pg/", board.store),
                                 rank=identity.rank, world_size=identity.world_size,
@@ -93,8 +125,10 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
         monitor = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")
         result["collectives"] = check_collectives(identity.rank, identity.world_size, device,
                                                   options.timeout_s, monitor)
-        if all(r["ok"] for r in result["collectives"]) and options.sizes:
-            result["sweep"] = bandwidth_sweep(options.sizes, device)
+        sizes = options.sizes_for(device.type)
+        if all(r["ok"] for r in result["collectives"]) and sizes:
+            result["sweep"] = bandwidth_sweep(sizes, device, after_first=lambda: _fault(identity.rank))
+            result["links"] = link_times(min(max(sizes), MAX_LINK_BYTES), device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
                                       "detail": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
@@ -104,19 +138,37 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
     return result
 
 
+#: Fault injection for the tests: this rank stops itself (SIGSTOP) after the sweep's first size.
+STOP_VARIABLE = "DDPGUIDE_DOCTOR_STOP_IN_SWEEP"
+
+
+def _fault(rank: int) -> None:
+    if os.environ.get(STOP_VARIABLE, "").strip() == str(rank):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def stale_after_s(timeout_s: float) -> float:
+    """How long rank 0 waits for a silent rank's heartbeat before naming it: half the timeout."""
+    return max(2.0, timeout_s / 2)
+
+
 def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
-             timeout_s: float, report: dict[str, Any]) -> list[Problem]:
+             timeout_s: float, report: dict[str, Any],
+             checkpoint_bytes: int | None = None) -> list[Problem]:
     """Rank 0 gathers every rank's results (through the store: the group may be broken)."""
+    mine_backend = records[0]["backend"]
     hosts = {r["rank"]: r["host"] for r in records}
     problems = []
     per_rank = {0: mine}
     deadline = time.monotonic() + timeout_s + 10.0
+    silent = []  # the ranks that stopped answering come first: the others only waited for them
     for rank in sorted(hosts):
         if rank != 0:
-            per_rank[rank] = board.wait_for(f"result/{rank}", deadline)
+            per_rank[rank], still_s = wait_for_result(board, rank, deadline, stale_after_s(timeout_s))
             if per_rank[rank] is None:
-                problems.append(Problem(rank, hosts[rank], "posted no result of the collective "
-                                        f"checks within {timeout_s + 10:g} s of rank 0"))
+                silent.append(Problem(rank, hosts[rank], "stopped answering during the collective "
+                                      f"checks (no heartbeat for {still_s:.0f} s, no result): the "
+                                      "process is stopped or hung, or its host is down"))
                 continue
         report["collectives"][str(rank)] = per_rank[rank]["collectives"]
         for check in per_rank[rank]["collectives"]:
@@ -125,7 +177,17 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
     sweeps = {rank: r["sweep"] for rank, r in per_rank.items() if r and r["sweep"]}
     if len(sweeps) == len(hosts):
         report["bandwidth"] = summarize_sweep(sweeps, len(hosts))
-    return problems
+        size = min(max(row["bytes"] for row in next(iter(sweeps.values()))), MAX_LINK_BYTES)
+        report["links"] = summarize_links({rank: r["links"] for rank, r in per_rank.items()},
+                                          hosts, size)
+        problems += slow_link_problems(report["links"], mine_backend)
+    report["silent_ranks"] = [problem.rank for problem in silent]
+    answered = {rank: r for rank, r in per_rank.items() if r}
+    problems += storage_problems({rank: r.get("storage") for rank, r in answered.items()}, hosts,
+                                 len(hosts), checkpoint_bytes)
+    problems += clock_problems({rank: r["clock_skew_s"] for rank, r in answered.items() if rank != 0},
+                               hosts)
+    return silent + problems
 
 
 def _finish(board: Board | None, report: dict[str, Any], options: Options, started: float,
@@ -155,18 +217,22 @@ def _lead(board: Board, identity: Identity, runtime: Runtime, options: Options,
     records = board.records(arrived)
     master = f"{identity.master_addr}:{identity.master_port}"
     problems = verdict(records, identity.world_size, options.timeout_s, master, board.strays())
+    problems += shm_problems(records)
     report["ranks"] = records
     report["problems"] = [p.as_dict() for p in problems]
-    board.post("verdict", {"ok": not problems})
+    # The token names this run's files in the checkpoint directory; the time is rank 0's clock.
+    ruling = {"ok": not problems, "token": uuid.uuid4().hex, "time": time.time()}
+    board.post("verdict", ruling)
     followers = board.arrivals() - 1
     if problems:
         return _finish(board, report, options, started, followers)
     phase[0] = "checking the collectives"
-    mine = _group_checks(identity, runtime, board, options)
+    mine = _group_checks(identity, runtime, board, options, ruling)
     phase[0] = "collecting the other ranks' results"
-    problems = _collect(board, records, mine, options.timeout_s, report)
+    problems = _collect(board, records, mine, options.timeout_s, report, options.checkpoint_bytes)
     report["problems"] = [p.as_dict() for p in problems]
-    return _finish(board, report, options, started, followers)
+    # A stopped rank will never read the end: do not wait for it.
+    return _finish(board, report, options, started, followers - len(report.pop("silent_ranks")))
 
 
 def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options,
@@ -174,13 +240,17 @@ def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options
     phase[0] = "waiting for rank 0's verdict"
     # Rank 0 may have started up to one timeout later, and then waits one timeout.
     ruling = board.wait_for("verdict", time.monotonic() + 2 * options.timeout_s + 10.0)
+    if ruling is not None:  # this clock against rank 0's, read within a poll of its posting
+        ruling["skew_s"] = time.time() - ruling["time"]
     if ruling is None:
         print(Problem(identity.rank, host, "rank 0 posted no verdict within "
                       f"{2 * options.timeout_s + 10:g} s").line(), flush=True)
         return 1
     if ruling["ok"]:
         phase[0] = "checking the collectives"
-        board.post(f"result/{identity.rank}", _group_checks(identity, runtime, board, options))
+        with Heartbeat(board, identity.rank):
+            board.post(f"result/{identity.rank}",
+                       _group_checks(identity, runtime, board, options, ruling))
     phase[0] = "waiting for rank 0's report"
     final = board.wait_for("report", time.monotonic() + 2 * options.timeout_s + 20.0)
     board.count("acks")
@@ -209,6 +279,7 @@ def run_rank(options: Options, environ: Mapping[str, str] | None = None) -> int:
     try:
         phase[0] = f"reaching the rendezvous endpoint {master}"
         store = None
+        check_resolves(identity.master_addr, identity.master_port)
         if identity.rank == 0 and not identity.agent_store:
             store = host_store(identity, options.timeout_s)
         connect_ms = wait_for_endpoint(identity.master_addr, identity.master_port,

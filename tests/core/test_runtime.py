@@ -83,3 +83,48 @@ def test_bad_env_values_name_the_variable(change, message):
         DistEnv.from_environ(environ)
     assert str(info.value).startswith(message)
 
+
+
+def _simulate_gpus(monkeypatch, count):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+def test_one_gpu_per_rank_through_cuda_visible_devices_uses_that_gpu(monkeypatch):
+    # srun --gpus-per-task=1: 8 ranks on the node, each sees only its own GPU.
+    _simulate_gpus(monkeypatch, 1)
+    worker = {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "8", "CUDA_VISIBLE_DEVICES": "5"}
+    runtime = select_runtime(8, environ=worker)
+    assert (runtime.backend, runtime.device_type) == ("nccl", "cuda")
+    assert runtime.device(5) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("gpus, environ", [
+    (1, {"LOCAL_RANK": "1"}),  # one GPU for the whole machine, no per-rank binding
+    (1, {"CUDA_VISIBLE_DEVICES": "0"}),  # not a launched worker (a notebook about to spawn 2)
+    (2, {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "2,3"}),  # two GPUs for four ranks
+])
+def test_ranks_that_would_share_a_gpu_run_on_cpu(monkeypatch, gpus, environ):
+    _simulate_gpus(monkeypatch, gpus)
+    runtime = select_runtime(4 if gpus == 2 else 2, environ=environ)
+    assert (runtime.backend, runtime.device_type) == ("gloo", "cpu")
+
+
+def test_one_gpu_per_rank_on_a_machine_with_enough_gpus(monkeypatch):
+    _simulate_gpus(monkeypatch, 4)
+    runtime = select_runtime(4, environ={"LOCAL_RANK": "3"})
+    assert (runtime.backend, runtime.device(3)) == ("nccl", torch.device("cuda", 3))
+
+
+def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_anything_starts(monkeypatch):
+    # A 4-rank chapter on a 2-GPU machine with DDPGUIDE_BACKEND=nccl: nccl would refuse two
+    # ranks on one GPU (or hang); the runtime says so at once.
+    _simulate_gpus(monkeypatch, 2)
+    with pytest.raises(ValueError) as info:
+        select_runtime(4, environ={"DDPGUIDE_BACKEND": "nccl", "DDPGUIDE_DEVICE": "cuda"})
+    assert str(info.value) == ("backend 'nccl' needs one GPU per rank: 4 ranks on this machine, "
+                               "2 GPU(s) visible (use gloo, or fewer ranks)")
+    assert select_runtime(2, environ={"DDPGUIDE_BACKEND": "nccl"}).backend == "nccl"
+    # gloo may share a GPU between ranks (gpu-check's "all ranks on cuda")
+    assert select_runtime(4, environ={"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cuda"}).device(3) == \
+        torch.device("cuda", 1)

@@ -31,7 +31,10 @@ def check_healthy(stdout: str, world: int) -> None:
     table = lines.index(next(line for line in lines if line.startswith("rank  host")))
     assert [int(line.split()[0]) for line in lines[table + 1: table + 1 + world]] == list(range(world))
     for name in ("all_reduce sum", "all_reduce max", "broadcast", "all_gather", "reduce_scatter",
-                 "all_to_all", "send/recv ring", "barrier", "monitored_barrier"):
+                 "all_to_all", "send/recv ring", "reduce", "gather", "scatter",
+                 "all_gather_single", "reduce_scatter_single", "all_to_all_single uneven",
+                 "batch_isend_irecv", "object collectives", "barrier", "monitored_barrier",
+                 *([f"sub-groups 2x{world // 2}"] if world >= 4 else [])):
         assert re.search(rf"^  {re.escape(name)} +ok ", stdout, re.M), name
     assert "PROBLEM" not in stdout
     assert re.search(rf"^summary: OK: {world} rank\(s\) on 1 host\(s\) passed every check", stdout, re.M)
@@ -50,8 +53,10 @@ def test_healthy_local_group_of_two_with_json(tmp_path):
     for row in report["bandwidth"]:  # nccl-tests: busbw = algbw * 2(n-1)/n, here n = 2
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"])
         assert row["algbw_gbps"] == pytest.approx(row["bytes"] / row["seconds"] / 1e9)
-        assert row["slowest_rank"] in (0, 1)
     assert {r["name"] for r in report["collectives"]["1"]} >= {"reduce_scatter", "all_to_all"}
+    assert sorted((link["src"], link["dst"]) for link in report["links"]["links"]) == [(0, 1), (1, 0)]
+    assert all(link["gbps"] > 0 for link in report["links"]["links"])
+    assert re.search(r"^ring links \(send/recv of 16 MiB", done.stdout, re.M)
 
 
 def test_healthy_local_group_of_four():
@@ -81,6 +86,20 @@ def test_wrong_master_port_fails_on_both_sides():
     assert (f"PROBLEM rank 1 (host unknown): did not arrive at 127.0.0.1:{port} within {TIMEOUT} s "
             f"(WORLD_SIZE=2; arrived: ranks 0)") in rank0.lines()
     assert TIMEOUT <= summary_seconds(rank0.stdout) < TIMEOUT + 3
+
+
+def test_unresolvable_master_addr_is_one_line_on_every_rank():
+    port, host = free_port(), "no-such-host.invalid"
+    ranks = by_hand([hand_env(0, 2, port, MASTER_ADDR=host), hand_env(1, 2, port, MASTER_ADDR=host)],
+                    ["--timeout", str(TIMEOUT)], STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    for rank, done in enumerate(ranks):
+        assert done.returncode == 1
+        problems = [line for line in done.lines() if line.startswith("PROBLEM")]
+        assert len(problems) == 1 and re.fullmatch(
+            rf"PROBLEM rank {rank} \(host {re.escape(HOST)}\): MASTER_ADDR={host} does not resolve "
+            r"\(.+\)", problems[0]), done.stdout
+        assert "frame #" not in done.stdout + done.stderr  # no C++ stack
+    assert summary_seconds(ranks[0].stdout) < TIMEOUT
 
 
 def test_missing_rank_is_named_and_written_to_json(tmp_path):
@@ -113,13 +132,26 @@ def test_rank_not_below_world_size():
             f"(WORLD_SIZE=2; arrived: ranks 0)") in rank0.lines()
 
 
-def test_two_local_ranks_on_one_gpu():
+def test_gpus_visible_but_the_job_would_run_on_cpu():
+    # One (simulated) GPU for two local ranks: nccl would refuse, so the job would run on gloo.
     done = doctor(["--timeout", str(TIMEOUT)], {"DDPGUIDE_DOCTOR_FAKE_GPUS": "1"},
+                  timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert done.returncode == 1
+    for rank in (0, 1):
+        assert (f"PROBLEM rank {rank} (host {HOST}): GPUs visible but this job would run on CPU: "
+                "1 GPU(s) for LOCAL_WORLD_SIZE=2 ranks, and nccl needs one GPU per rank (run one "
+                "rank per GPU, or give each rank its own through CUDA_VISIBLE_DEVICES)") in done.lines()
+    assert "collectives" not in done.stdout  # nothing runs on a misassigned world
+    assert summary_seconds(done.stdout) < TIMEOUT
+
+
+def test_two_local_ranks_told_to_share_one_gpu():
+    done = doctor(["--timeout", str(TIMEOUT)],
+                  {"DDPGUIDE_DOCTOR_FAKE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "0"},
                   timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
     assert done.returncode == 1
     assert (f"PROBLEM rank 1 (host {HOST}): LOCAL_RANK=1 would use GPU fake-gpu-0, as rank 0 "
             f"(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=2)") in done.lines()
-    assert "collectives" not in done.stdout  # nothing runs on a misassigned world
     assert summary_seconds(done.stdout) < TIMEOUT
 
 
@@ -130,3 +162,37 @@ def test_srun_tasks_without_rank_are_told_how_to_run_it():
         f"PROBLEM rank ? (host {HOST}): srun task 2 of 4 has no RANK: run the doctor under torchrun "
         "in the job (as cluster/slurm_torchrun.sbatch runs training), or export RANK, WORLD_SIZE, "
         "MASTER_ADDR and MASTER_PORT for each task"]
+
+
+def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bound():
+    # Rank 1 stops itself (SIGSTOP) after the sweep's first size: rank 0's next all-reduce times
+    # out after TIMEOUT s; then rank 1's heartbeat has stood still, so rank 0 names it (not
+    # itself) and ends, well within the stated bound (every rank's watchdog, 3 x timeout + 120 s).
+    import os
+    import signal
+    import subprocess
+
+    port = free_port()
+    ranks = [start([sys.executable, "-m", "ddpguide.doctor", "--timeout", str(TIMEOUT),
+                    "--sizes", "4K,64K,1M"], hand_env(r, 2, port, DDPGUIDE_DOCTOR_STOP_IN_SWEEP="1"))
+             for r in (0, 1)]
+    try:
+        out, _ = ranks[0].communicate(timeout=STARTUP_ALLOWANCE_S + 3 * TIMEOUT + 20)
+        stopped = ranks[1].poll() is None  # still there, stopped
+    except subprocess.TimeoutExpired:
+        out, stopped = "rank 0 did not finish", None
+    finally:
+        for process in ranks:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+    assert stopped, out
+    problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
+    assert problems and re.fullmatch(
+        rf"PROBLEM rank 1 \(host {re.escape(HOST)}\): stopped answering during the collective "
+        r"checks \(no heartbeat for \d+ s, no result\): the process is stopped or hung, or its "
+        r"host is down", problems[0]), out
+    assert ranks[0].returncode == 1
+    assert summary_seconds(out) < 3 * TIMEOUT + 10

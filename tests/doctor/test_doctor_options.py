@@ -21,6 +21,9 @@ def test_sizes_parse_with_binary_units():
     assert parse_size("1024") == 1024
     assert format_size(4096) == "4 KiB" and format_size(16 * 2 ** 20) == "16 MiB" and format_size(12) == "12 B"
     assert DEFAULT_SIZES[0] == 4096 and DEFAULT_SIZES[-1] == 16 * 2 ** 20
+    # nccl-tests' busbw plateaus at hundreds of MiB: on GPUs the default sweep reaches 1 GiB
+    assert Options().sizes_for("cuda")[-1] == 2 ** 30 and Options().sizes_for("cpu") == DEFAULT_SIZES
+    assert Options(sizes=(4096,)).sizes_for("cuda") == (4096,)
 
 
 def test_defaults_and_valid_options(tmp_path):
@@ -29,6 +32,7 @@ def test_defaults_and_valid_options(tmp_path):
                              "--json", str(tmp_path / "r.json")], {})
     assert options == Options(7.5, (4096, 2 ** 20), 4, tmp_path / "r.json")
     assert parse_options(["--sizes", "none"], {}).sizes == ()
+    assert Options().rank_argv() == ["--timeout", "30"]  # each rank picks its device's default
     assert options.rank_argv() == ["--timeout", "7.5", "--sizes", "4096,1048576",
                                    "--json", str(tmp_path / "r.json")]
 
@@ -67,3 +71,17 @@ def test_command_line_exits_2_and_writes_nothing(tmp_path, args, message):
     assert done.stdout == ""
     assert done.stderr == f"python -m ddpguide.doctor: error: {message}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_options(tmp_path):
+    options = parse_options(["--checkpoint-dir", str(tmp_path), "--checkpoint-size", "40G"], {})
+    assert (options.checkpoint_dir, options.checkpoint_bytes) == (tmp_path, 40 * 2 ** 30)
+    assert options.rank_argv()[-4:] == ["--checkpoint-dir", str(tmp_path),
+                                        "--checkpoint-size", str(40 * 2 ** 30)]
+    for argv, message in (
+        (["--checkpoint-dir", str(tmp_path / "nope")], f"--checkpoint-dir {str(tmp_path / 'nope')!r}: not a directory"),
+        (["--checkpoint-size", "1G"], "--checkpoint-size needs --checkpoint-dir"),
+    ):
+        with pytest.raises(UsageError) as caught:
+            parse_options(argv, {})
+        assert str(caught.value) == message

@@ -10,6 +10,7 @@ import datetime
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import ephemeral_port
 from ddpguide.core.runtime import Runtime
-from ddpguide.doctor import collectives, facts, local, rendezvous, report, worker
+from ddpguide.doctor import collectives, consistency, facts, local, rendezvous, report, sweep, worker
 from ddpguide.doctor.options import Options, watchdog_limit_s
 
 HOST = socket.gethostname()
@@ -77,16 +78,49 @@ def test_gpu_inventory_simulated_and_real():
     assert len(ids) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
-def test_rank_facts_uses_local_rank_modulo_the_simulated_gpus():
+def test_rank_facts_two_simulated_gpus_for_four_ranks_means_the_cpu():
     env = environ(RANK="3", WORLD_SIZE="4", LOCAL_WORLD_SIZE="4", DDPGUIDE_DOCTOR_FAKE_GPUS="2")
     record = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.23456)
     assert (record["rank"], record["local_rank"], record["device"], record["gpu_id"]) == \
-        (3, 3, "cuda:1 (fake)", "fake-gpu-1")
+        (3, 3, "cpu", None)
     assert (record["gpus_visible"], record["gpus_simulated"], record["connect_ms"]) == (2, True, 1.235)
     # launcher variables only: the fake-GPU variable is not one of them
     assert record["variables"] == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
                                    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert record["versions"]["torch"] == torch.__version__
+    assert [p.message for p in consistency.cpu_with_gpu_problems([record])] == [
+        "GPUs visible but this job would run on CPU: 2 GPU(s) for LOCAL_WORLD_SIZE=4 ranks, and "
+        "nccl needs one GPU per rank (run one rank per GPU, or give each rank its own through "
+        "CUDA_VISIBLE_DEVICES)"]
+    forced = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"),
+                              {**env, "DDPGUIDE_DEVICE": "cpu"}, 1.0)
+    assert consistency.cpu_with_gpu_problems([forced]) == []  # asked for: not a problem
+
+
+def test_rank_facts_one_gpu_per_rank_through_cuda_visible_devices():
+    def record(rank: int, visible: str) -> dict:
+        env = environ(RANK=str(rank), WORLD_SIZE="8", LOCAL_WORLD_SIZE="8", LOCAL_RANK=str(rank),
+                      DDPGUIDE_DOCTOR_FAKE_GPUS="1", CUDA_VISIBLE_DEVICES=visible)
+        return facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)
+
+    bound = [record(rank, str(rank)) for rank in (0, 5)]  # srun --gpus-per-task=1
+    assert [(r["device"], r["gpu_id"]) for r in bound] == [("cuda:0 (fake)", "fake-gpu-0"),
+                                                           ("cuda:0 (fake)", "fake-gpu-5")]
+    assert consistency.gpu_problems(bound) == consistency.cpu_with_gpu_problems(bound) == []
+    shared = [record(rank, "0") for rank in (0, 5)]  # both told "0": one GPU for two ranks
+    assert [p.line() for p in consistency.gpu_problems(shared)] == [
+        f"PROBLEM rank 5 (host {HOST}): LOCAL_RANK=5 would use GPU fake-gpu-0, as rank 0 "
+        "(LOCAL_RANK=0) does: two ranks on one GPU (1 GPU(s) visible, LOCAL_WORLD_SIZE=8)"]
+
+
+def test_nccl_versions_are_compared_across_ranks():
+    env = environ(RANK="1")
+    base = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)
+    rank0 = {**base, "rank": 0, "backend": "nccl", "versions": {**base["versions"], "nccl": "2.27.5"}}
+    rank1 = {**base, "backend": "nccl", "versions": {**base["versions"], "nccl": "2.21.5"}}
+    assert [p.line() for p in consistency.version_problems([rank0, rank1], rank0)] == [
+        f"PROBLEM rank 1 (host {HOST}): nccl 2.21.5, but rank 0 has nccl 2.27.5"]
+    assert consistency.version_problems([rank0, {**rank1, "versions": rank0["versions"]}], rank0) == []
 
 
 # ---------------------------------------------------------------- local
@@ -154,30 +188,57 @@ def test_board_records_duplicates_strays_and_missing_keys():
     assert board.wait_for("verdict", time.monotonic()) == {"ok": True}
 
 
+def test_a_rank_counted_but_not_yet_recorded_has_not_arrived():
+    # register() takes its slot (count/R) before it writes the record: between the two, rank 0
+    # must keep waiting, or it reads no record and reports the rank as missing.
+    board = rendezvous.Board(dist.HashStore(), rendezvous.key_prefix({}))
+    board.register(0, {"rank": 0})
+    board.store.add(board.prefix + "count/1", 1)  # rank 1 half-way through register()
+    assert board.wait_for_ranks(2, time.monotonic() + 0.2) == [0]
+    board.store.set(board.prefix + "facts/1/1", '{"rank": 1}')
+    assert board.wait_for_ranks(2, time.monotonic() + 0.2) == [0, 1]
+
+
 # ---------------------------------------------------------------- collectives
 
 def test_bus_factor_is_two_n_minus_one_over_n():
-    assert [collectives.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+    assert [sweep.bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
 
 
 def test_summarize_sweep_takes_the_slowest_rank_per_size():
     def rows(*seconds):
         return [{"bytes": size, "iterations": 3, "seconds": s} for size, s in zip((4096, 2 ** 20), seconds)]
     per_rank = {0: rows(0.002, 0.010), 1: rows(0.004, 0.008), 2: rows(0.001, 0.008), 3: rows(0.002, 0.009)}
-    summary = collectives.summarize_sweep(per_rank, 4)
-    assert [(r["bytes"], r["slowest_rank"]) for r in summary] == [(4096, 1), (2 ** 20, 0)]
+    summary = sweep.summarize_sweep(per_rank, 4)
     small, large = summary
     assert small["seconds"] == 0.004 and large["seconds"] == 0.010
     assert small["algbw_gbps"] == pytest.approx(4096 / 0.004 / 1e9)
     assert small["busbw_gbps"] == pytest.approx(1.5 * 4096 / 0.004 / 1e9)
     assert large["algbw_gbps"] == pytest.approx(0.1048576)
     assert large["busbw_gbps"] == pytest.approx(0.1572864)
-    assert small["spread"] == pytest.approx(3.0) and large["spread"] == pytest.approx(0.25)
-    assert collectives.summarize_sweep({}, 4) == []
+    assert sweep.summarize_sweep({}, 4) == []
+
+
+def test_a_slow_link_is_named_with_its_hosts():
+    hosts = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+    size = 2 ** 20
+    fast = size / 10e9  # 10 GB/s
+    per_rank = {rank: {"from_left": fast, "from_right": fast} for rank in hosts}
+    per_rank[2]["from_left"] = size / 1e9  # the link 1 -> 2 (node-a -> node-b) moves 1 GB/s
+    links = sweep.summarize_links(per_rank, hosts, size)
+    assert len(links["links"]) == 8 and links["slow"]
+    assert (links["slowest"]["src"], links["slowest"]["dst"]) == (1, 2)
+    assert links["median_gbps"] == pytest.approx(10.0)
+    assert [p.line() for p in consistency.slow_link_problems(links, "nccl")] == [
+        "PROBLEM rank 2 (host node-b): slow link: rank 1 (node-a) -> rank 2 (node-b) moves "
+        "1.00 GB/s, under half the median link's 10.00 GB/s"]
+    assert consistency.slow_link_problems(links, "gloo") == []  # loopback: the CPU's load
+    per_rank[2]["from_left"] = fast * 1.5  # a little slower: noise, not a problem
+    assert consistency.slow_link_problems(sweep.summarize_links(per_rank, hosts, size), "nccl") == []
 
 
 def test_iterations_are_bounded():
-    assert [collectives.iterations_for(s) for s in (4, 2 ** 20, 2 ** 24, 2 ** 30)] == [50, 32, 3, 3]
+    assert [sweep.iterations_for(s) for s in (4, 2 ** 20, 2 ** 24, 2 ** 30)] == [50, 32, 3, 3]
 
 
 def test_checks_pass_in_a_group_of_one():
@@ -185,13 +246,15 @@ def test_checks_pass_in_a_group_of_one():
                             timeout=datetime.timedelta(seconds=30))
     try:
         results = collectives.check_collectives(0, 1, torch.device("cpu"), 30.0)
-        sweep = collectives.bandwidth_sweep((4096, 16384), torch.device("cpu"))
+        rows = sweep.bandwidth_sweep((4096, 16384), torch.device("cpu"))
     finally:
         dist.destroy_process_group()
     assert [r["name"] for r in results] == [*collectives.CHECKS, "monitored_barrier"]
+    assert {"reduce", "gather", "scatter", "all_gather_single", "reduce_scatter_single",
+            "all_to_all_single uneven", "batch_isend_irecv", "object collectives"} <= set(collectives.CHECKS)
     assert [(r["name"], r["detail"]) for r in results if not r["ok"]] == []
-    assert [(r["bytes"], r["iterations"]) for r in sweep] == [(4096, 50), (16384, 50)]
-    assert all(r["seconds"] > 0 for r in sweep)
+    assert [(r["bytes"], r["iterations"]) for r in rows] == [(4096, 50), (16384, 50)]
+    assert all(r["seconds"] > 0 for r in rows)
 
 
 # ---------------------------------------------------------------- report
@@ -210,23 +273,28 @@ def test_a_passing_report_prints_ranks_checks_sweep_and_summary():
     rep["collectives"] = {"0": [{"name": "barrier", "ok": True, "detail": "", "ms": 0.5}],
                           "1": [{"name": "barrier", "ok": True, "detail": "", "ms": 1.25}]}
     rep["bandwidth"] = [{"bytes": 2 ** 20, "seconds": 0.002, "algbw_gbps": 0.524288,
-                         "busbw_gbps": 0.524288, "slowest_rank": 1, "spread": 0.5}]
+                         "busbw_gbps": 0.524288}]
+    rep["links"] = sweep.summarize_links({0: {"from_left": 0.001}, 1: {"from_left": 0.002}},
+                                         {0: "node-a", 1: "node-a"}, 2 ** 20)
     rep["ok"], rep["seconds"] = True, 3.21
     assert report.format_report(rep) == [
         "ddpguide doctor: 2 rank(s) expected, rendezvous at 127.0.0.1:29500, timeout 30 s",
-        "rank  host             local  device            pid  torch          backend   connect",
-        "   0  node-a            0/2   cpu               200  2.14.1         gloo       0.3 ms",
-        "   1  node-a            1/2   cpu               201  2.14.1         gloo      12.3 ms",
+        "rank  host             local  device            pid  torch          nccl     backend   connect",
+        "   0  node-a            0/2   cpu               200  2.14.1         -        gloo       0.3 ms",
+        "   1  node-a            1/2   cpu               201  2.14.1         -        gloo      12.3 ms",
         "launcher: torchrun; WORLD_SIZE=2, MASTER_ADDR:MASTER_PORT=127.0.0.1:29500 on every rank; "
         "1 host(s): node-a; torch 2.14.1, CUDA -, gloo",
         "GPUs visible per host: node-a: 0",
         "collectives (each rank's result against the known one):",
-        "  barrier            ok    (1.2 ms)",
+        "  barrier                  ok    (1.2 ms)",
         "all_reduce sweep (float32, 2 ranks; algbw = bytes/time, busbw = algbw * 2(n-1)/n = algbw * 1.00):",
-        "      size       time       algbw       busbw  slowest rank",
-        "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s  1 (+50% over the fastest)",
+        "      size       time       algbw       busbw",
+        "     1 MiB   2.000 ms  0.524 GB/s  0.524 GB/s",
+        "ring links (send/recv of 1 MiB to each neighbour, both directions, all links at once):",
+        "    0 -> 1             node-a -> node-a             0.524 GB/s",
+        "    1 -> 0             node-a -> node-a             1.049 GB/s",
         "summary: OK: 2 rank(s) on 1 host(s) passed every check in 3.2 s; "
-        "slowest rank at 1 MiB: 1, busbw 0.524 GB/s",
+        "busbw at 1 MiB: 0.524 GB/s; slowest link 0 -> 1 (node-a -> node-a): 0.524 GB/s",
     ]
 
 
@@ -239,7 +307,7 @@ def test_a_failing_report_names_each_problem_and_counts_them():
                                  "detail": "got [1.0], expected [3.0]"}]}
     lines = report.format_report(rep)
     assert not any(line.startswith("launcher:") for line in lines)  # no agreement to claim
-    assert lines[-4:] == ["  all_reduce sum     FAILED on rank 0: got [1.0], expected [3.0]",
+    assert lines[-4:] == ["  all_reduce sum           FAILED on rank 0: got [1.0], expected [3.0]",
                           "PROBLEM rank 1 (host unknown): did not arrive",
                           "PROBLEM rank 2 (host unknown): did not arrive",
                           "summary: 2 problem(s) found; exit status 1"]
@@ -287,3 +355,49 @@ def test_run_rank_leaves_word_for_rank_0_in_the_store(capsys):
         f"PROBLEM rank 5 (host {HOST}): RANK=5 is not smaller than WORLD_SIZE=2"]
     board = rendezvous.Board(store, rendezvous.key_prefix(env))
     assert board.strays() == [f"5|{HOST}|RANK=5 is not smaller than WORLD_SIZE=2"]
+
+
+# ---------------------------------------------------------------- storage, /dev/shm, clocks
+
+def test_checkpoint_directory_shared_writable_and_large_enough(tmp_path):
+    from ddpguide.doctor import storage
+
+    shared, other = tmp_path / "shared", tmp_path / "node-b-local"
+    shared.mkdir(), other.mkdir()
+    # ranks 0 and 1 see one directory; rank 2 gets a directory of its own (another node's disk)
+    for rank, folder in ((0, shared), (1, shared), (2, other)):
+        (folder / f".ddpguide-doctor-tok-rank{rank}").write_text("x")
+    found = {rank: storage.probe_directory(folder, "tok", rank, 3, wait_s=0.5)
+             for rank, folder in ((0, shared), (1, shared), (2, other))}
+    assert [found[r]["seen"] for r in range(3)] == [[0, 1], [0, 1], [2]]
+    hosts = {0: "a", 1: "a", 2: "b"}
+    lines = [p.line() for p in storage.storage_problems(found, hosts, 3, None)]
+    assert lines[2] == (f"PROBLEM rank 2 (host b): checkpoint directory {other} is not the directory "
+                        "the other ranks write to: this rank does not see the files of ranks 0, 1 "
+                        "(a checkpoint needs one directory that every rank sees)")
+    assert len(lines) == 3
+    shared_only = {r: found[r] for r in (0, 1)}
+    assert storage.storage_problems(shared_only, hosts, 2, None) == []
+    huge = 2 ** 60  # more than any disk: one checkpoint would not fit
+    assert [p.message.split(" has ")[1].endswith(f"than one checkpoint ({storage.format_size(huge)})")
+            for p in storage.storage_problems(shared_only, hosts, 2, huge)] == [True, True]
+    # /proc takes no new files, even from root: a directory this rank cannot write
+    result = storage.probe_directory(Path("/proc"), "tok", 0, 1, wait_s=0.2)
+    assert result["write_error"] is not None
+    assert storage.storage_problems({0: result}, {0: "a"}, 1, None)[0].message == (
+        f"checkpoint directory /proc is not writable ({result['write_error']})")
+
+
+def test_small_dev_shm_on_nccl_and_clock_skew_are_problems():
+    from ddpguide.doctor import storage
+
+    records = [{"rank": 0, "host": "a", "backend": "nccl", "shm_bytes": 64 * 2 ** 20},
+               {"rank": 1, "host": "b", "backend": "nccl", "shm_bytes": 32 * 2 ** 30},
+               {"rank": 2, "host": "c", "backend": "gloo", "shm_bytes": 64 * 2 ** 20}]
+    assert [p.line() for p in storage.shm_problems(records)] == [
+        "PROBLEM rank 0 (host a): /dev/shm is 64.0 MiB, below 512.0 MiB: nccl's shared-memory "
+        "transport fails with it (in a container: --ipc=host or --shm-size)"]
+    assert storage.shm_bytes("/no/such/dir") is None
+    assert [p.line() for p in storage.clock_problems({1: 0.3, 2: -12.5}, {1: "b", 2: "c"})] == [
+        "PROBLEM rank 2 (host c): wall clock -12.5 s from rank 0's (more than 5 s: logs of "
+        "different hosts will not line up; run NTP)"]

@@ -237,3 +237,40 @@ def test_py_spy_shows_every_rank_waiting_in_recv():
         assert "recv (torch/distributed/distributed_c10d.py:" in text
         assert f"exchange (deadlock.py:{recv_line})" in text
         assert "main (deadlock.py:" in text
+
+
+def test_debug_server_shows_every_rank_waiting_in_recv_and_their_flight_records():
+    import json
+
+    from ddpguide.core.processes import ephemeral_port
+    from ddpguide.doctor.stacks import debug_server_page, marked_processes
+
+    port, marker = ephemeral_port(), uuid.uuid4().hex
+    done: list = []
+    thread = threading.Thread(target=lambda: done.extend(run_agents(
+        [agent("server", "debug_server.py", env={"DEBUG_SERVER_PORT": str(port),
+                                                 "DDPGUIDE_DEMO_JOB": marker})],
+        timeout=120, raise_on_timeout=False, failure_grace_s=120)))
+    thread.start()
+    stacks = records = None
+    try:
+        deadline = time.monotonic() + 100
+        while time.monotonic() < deadline:
+            stacks = debug_server_page(f"http://127.0.0.1:{port}/stacks")
+            if stacks and len(stacks) == 2 and all(" in recv" in text for _, text in stacks):
+                records = debug_server_page(f"http://127.0.0.1:{port}/fr_trace_json")
+                break
+            time.sleep(0.5)
+    finally:
+        for pid in find_workers("DDPGUIDE_DEMO_JOB", marker).values():
+            os.kill(pid, signal.SIGKILL)
+        thread.join(150)
+        for pid in marked_processes("DDPGUIDE_DEMO_JOB", marker):
+            os.kill(pid, signal.SIGKILL)
+    assert not thread.is_alive()
+    recv_at = f'debug_server.py", line {line_number("debug_server.py", "dist.recv(")} in main'
+    assert stacks and [head.split(":")[0] for head, _ in stacks] == ["Rank 0", "Rank 1"]
+    assert all(recv_at in text for _, text in stacks), stacks
+    parsed = [json.loads(text) for _, text in records]
+    assert [[(e["profiling_name"], e["input_sizes"]) for e in r["entries"]] for r in parsed] == \
+        [[("gloo:all_reduce", [[4]])]] * 2

@@ -14,12 +14,12 @@ TIMEOUT = datetime.timedelta(seconds=30)  # long enough to look at the hang; the
 
 
 def start() -> torch.device:
-    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", timeout=TIMEOUT)
-        return torch.device("cuda", local_rank)
+    """Join torchrun's group on gloo and the CPU, on every machine, GPUs or not.
+
+    What this program shows is gloo's behaviour: a collective that its peers do not join
+    raises a RuntimeError on the waiting rank after TIMEOUT. With nccl under torchrun the
+    watchdog aborts the process instead (chapter 10, "On real GPUs").
+    """
     dist.init_process_group("gloo", timeout=TIMEOUT)
     return torch.device("cpu")
 

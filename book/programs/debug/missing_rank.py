@@ -4,7 +4,6 @@ Run:  torchrun --standalone --nproc-per-node 2 missing_rank.py
 """
 
 import datetime
-import os
 import time
 
 import torch
@@ -14,12 +13,12 @@ TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 m
 
 
 def start() -> torch.device:
-    """Join torchrun's group: one GPU per rank when there are enough, else the CPU."""
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        torch.cuda.set_device(local_rank)
-        dist.init_process_group("nccl", timeout=TIMEOUT)
-        return torch.device("cuda", local_rank)
+    """Join torchrun's group on gloo and the CPU, on every machine, GPUs or not.
+
+    What this program shows is gloo's behaviour: a collective that its peers do not join
+    raises a RuntimeError on the waiting rank after TIMEOUT. With nccl under torchrun the
+    watchdog aborts the process instead (chapter 10, "On real GPUs").
+    """
     dist.init_process_group("gloo", timeout=TIMEOUT)
     return torch.device("cpu")
 
@@ -27,7 +26,8 @@ def start() -> torch.device:
 def main() -> None:
     start()
     rank = dist.get_rank()
-    # monitored_barrier runs on gloo only: with nccl, give it a gloo group of the same ranks.
+    # monitored_barrier needs a group with a CPU backend: gloo here; an nccl-only job gives it
+    # a gloo group of the same ranks (or starts with init_process_group("cpu:gloo,cuda:nccl")).
     checkpoint_group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     if rank == 1:
         # One write per line: torchrun runs python -u, where print() writes the text and the

@@ -1,0 +1,118 @@
+"""The all-reduce sweep (bus bandwidth, as nccl-tests reports it) and the per-link pass."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def iterations_for(size: int) -> int:
+    """The same count on every rank (they must call the collective equally often)."""
+    return max(3, min(50, (32 * 2 ** 20) // size))
+
+
+def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device,
+                    after_first: Any = None) -> list[dict[str, Any]]:
+    """This rank's time per all-reduce of each size (float32), after one warm-up call.
+
+    ``after_first`` (tests only) is called once the first size is done.
+    """
+    rows = []
+    for index, size in enumerate(sizes):
+        if index == 1 and after_first is not None:
+            after_first()
+        tensor = torch.ones(size // 4, device=device)
+        dist.all_reduce(tensor)
+        iterations = iterations_for(size)
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(iterations):
+            dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rows.append({"bytes": size, "iterations": iterations,
+                     "seconds": (time.perf_counter() - started) / iterations})
+    return rows
+
+
+def bus_factor(world: int) -> float:
+    """nccl-tests' all-reduce convention: bus bandwidth = algorithm bandwidth * 2(n-1)/n."""
+    return 2 * (world - 1) / world
+
+
+def summarize_sweep(per_rank: dict[int, list[dict[str, Any]]], world: int) -> list[dict[str, Any]]:
+    """Per size: the slowest rank's time defines the collective; algbw = bytes / time.
+
+    A collective ends at about the same time on every rank, so which rank took
+    longest says nothing about a slow link: :func:`link_times` measures links.
+    """
+    rows = []
+    if not per_rank:
+        return rows
+    for index, first in enumerate(next(iter(per_rank.values()))):
+        seconds = max(rows_of_rank[index]["seconds"] for rows_of_rank in per_rank.values())
+        algbw = first["bytes"] / seconds / 1e9
+        rows.append({"bytes": first["bytes"], "seconds": seconds, "algbw_gbps": algbw,
+                     "busbw_gbps": algbw * bus_factor(world)})
+    return rows
+
+
+#: The largest message of the per-link pass (the sweep's largest, at most this).
+MAX_LINK_BYTES = 64 * 2 ** 20
+#: A link slower than this fraction of the median link is a problem.
+SLOW_LINK_FRACTION = 0.5
+
+
+def link_times(size: int, device: torch.device, iterations: int = 5) -> dict[str, float]:
+    """Seconds per ``size``-byte transfer into this rank from each ring neighbour.
+
+    All ranks send to their right neighbour and receive from their left at
+    once (every link of the ring busy, as in a ring all-reduce), then the other
+    way round. ``from_left`` times the link (rank - 1) -> rank, ``from_right``
+    the link (rank + 1) -> rank. Two ranks have one neighbour: one pass times both links.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return {}
+    left, right = (rank - 1) % world, (rank + 1) % world
+    send = torch.ones(max(1, size // 4), device=device)
+    received = torch.empty_like(send)
+    times = {}
+    passes = [("from_left", right, left), ("from_right", left, right)][:1 if world == 2 else 2]
+    for name, target, source in passes:
+        def once() -> None:
+            ops = [dist.P2POp(dist.isend, send, target), dist.P2POp(dist.irecv, received, source)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        once()  # warm-up (connection set-up)
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(iterations):
+            once()
+        times[name] = (time.perf_counter() - started) / iterations
+    return times
+
+
+def summarize_links(per_rank: dict[int, dict[str, float]], hosts: dict[int, str],
+                    size: int) -> dict[str, Any]:
+    """Every directed ring link with its bandwidth; the slowest, and whether it is too slow."""
+    world = len(hosts)
+    links = []
+    for rank, times in sorted(per_rank.items()):
+        for name, source in (("from_left", (rank - 1) % world), ("from_right", (rank + 1) % world)):
+            if name in times:
+                links.append({"src": source, "dst": rank, "src_host": hosts[source],
+                              "dst_host": hosts[rank], "seconds": times[name],
+                              "gbps": size / times[name] / 1e9})
+    if not links:
+        return {}
+    ordered = sorted(link["gbps"] for link in links)
+    median = ordered[len(ordered) // 2]
+    slowest = min(links, key=lambda link: link["gbps"])
+    return {"bytes": size, "links": links, "slowest": slowest, "median_gbps": median,
+            "slow": slowest["gbps"] < SLOW_LINK_FRACTION * median}

@@ -1,0 +1,67 @@
+"""Each torchrun program puts its rank where the package's runtime would, with the CUDA device
+count simulated: one GPU per local rank, the one GPU a launcher leaves each rank
+(CUDA_VISIBLE_DEVICES), or the CPU where ranks would share a GPU. The debug programs run on
+gloo on every machine (chapter 10 checks gloo's behaviour)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from programs_support import PROGRAMS, load_program
+
+from ddpguide.core.runtime import select_runtime
+
+TORCHRUN_PROGRAMS = sorted(
+    path.name for path in PROGRAMS.glob("*.py") if "LOCAL_WORLD_SIZE" in path.read_text())
+DEBUG_PROGRAMS = sorted(path.name for path in (PROGRAMS / "debug").glob("*.py"))
+
+CASES = [  # (GPUs this process sees, its environment, the device it must use)
+    (1, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "CUDA_VISIBLE_DEVICES": "3"}, "cuda:0"),
+    (1, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "CUDA_VISIBLE_DEVICES": "GPU-5c1e"}, "cuda:0"),
+    (8, {"LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8"}, "cuda:3"),
+    (1, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, "cpu"),  # one GPU, two ranks: no binding
+    (2, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "CUDA_VISIBLE_DEVICES": "0,1"}, "cpu"),
+    (0, {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}, "cpu"),
+]
+
+
+def simulate(monkeypatch, gpus: int, environ: dict[str, str]) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_the_torchrun_programs_are_found():
+    assert {"ddp_torchrun.py", "elastic_train.py", "fsdp2.py", "fsdp_tp_2d.py", "zero1.py",
+            "dcp_reshard.py", "tensor_parallel.py", "dtensor_sbp.py"} <= set(TORCHRUN_PROGRAMS)
+
+
+@pytest.mark.parametrize("gpus, environ, expected", CASES)
+@pytest.mark.parametrize("name", TORCHRUN_PROGRAMS)
+def test_a_torchrun_program_uses_the_gpu_of_its_rank(monkeypatch, name, gpus, environ, expected):
+    program = load_program(PROGRAMS / name)
+    simulate(monkeypatch, gpus, environ)
+    assert str(program.rank_device()) == expected
+
+
+@pytest.mark.parametrize("gpus, environ, expected", CASES)
+def test_the_programs_and_the_runtime_agree(monkeypatch, gpus, environ, expected):
+    simulate(monkeypatch, gpus, environ)
+    import os
+
+    runtime = select_runtime(int(environ["LOCAL_WORLD_SIZE"]), environ=os.environ)
+    assert str(runtime.device(int(environ["LOCAL_RANK"]))) == expected
+    assert runtime.backend == ("nccl" if expected.startswith("cuda") else "gloo")
+
+
+@pytest.mark.parametrize("name", DEBUG_PROGRAMS)
+def test_a_debug_program_runs_on_gloo_and_the_cpu_even_with_gpus(monkeypatch, name):
+    program = load_program(PROGRAMS / "debug" / name)
+    simulate(monkeypatch, 8, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    assert program.start() == torch.device("cpu")
+    assert [args[0] if args else kwargs["backend"] for args, kwargs in calls] == ["gloo"]
