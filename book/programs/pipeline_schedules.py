@@ -84,14 +84,15 @@ def batch(step: int, size: int, width: int):
 
 
 class ActivationMeter:
-    """Bytes of activations autograd holds for backward (parameters not counted)."""
+    """Bytes of activations autograd holds for backward: the saved tensors of shape
+    (micro-batch, width), not the weights (FSDP2 gathers them into new tensors)."""
 
-    def __init__(self, params):
-        self.params = {p.data_ptr() for p in params}
+    def __init__(self, shape):
+        self.shape = torch.Size(shape)
         self.held = self.peak = 0
 
     def pack(self, t):
-        if t.data_ptr() in self.params:
+        if t.shape != self.shape:
             return t
         return _Held(t, self)
 
@@ -152,7 +153,7 @@ def run_schedule(args, name, m, rank, mesh, device):
     cls = schedules.get_schedule_class(name)
     schedule = cls(stages if name not in SINGLE else stages[0], m, loss_fn=loss_fn,
                    scale_grads=False)  # the loss is already divided by the whole batch
-    meter = ActivationMeter(model.parameters())
+    meter = ActivationMeter((args.microbatch_size, args.width))
     busy = [0.0]
     for stage in stages:
         time_compute(stage, busy)
@@ -254,6 +255,8 @@ def parse_args(argv=None):
         if not 0 < getattr(args, name) < float("inf"):
             parser.error(f"argument --{name.replace('_', '-')}: expected a value > 0, "
                          f"got {getattr(args, name)}")
+    if args.microbatch_size == args.width:
+        parser.error("--microbatch-size must differ from --width (activations are told from weights by shape)")
     if args.time < 0 or min(args.microbatches) < 1:
         parser.error("argument --time and --microbatches: expected values >= 0 and >= 1")
     if "LOCAL_RANK" not in os.environ:
