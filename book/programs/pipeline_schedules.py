@@ -15,7 +15,7 @@ the batch and FSDP2 shards every stage over the dp dimension.
 
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
-      torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule all
+      torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule 1F1B DualPipeV
 """
 
 import argparse
@@ -213,10 +213,10 @@ def main(args):
     pp = world // args.dp
     mesh = init_device_mesh(device.type, (pp, args.dp), mesh_dim_names=("pp", "dp"))
     all_ok = True
-    for name in (SCHEDULES if args.schedule == "all" else (args.schedule,)):
+    for name in (SCHEDULES if "all" in args.schedule else args.schedule):
         for m in args.microbatches:
             why = refusal(name, pp, m)
-            if why is not None:  # only with --schedule all: a single schedule was refused before
+            if why is not None:  # only with --schedule all: a named schedule was refused before
                 if rank == 0:
                     print(f"skip: {why}", flush=True)
                 continue
@@ -239,8 +239,8 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args(argv=None):
     parser = Parser(description="Pipeline schedules checked against one process.")
-    parser.add_argument("--schedule", default="all", choices=(*SCHEDULES, "all"), metavar="NAME",
-                        help=f"one of {', '.join(SCHEDULES)}, or all (default)")
+    parser.add_argument("--schedule", nargs="+", default=["all"], choices=(*SCHEDULES, "all"),
+                        metavar="NAME", help=f"some of {', '.join(SCHEDULES)}, or all (default)")
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4],
                         help="micro-batch counts, each run in turn (default 4)")
     parser.add_argument("--microbatch-size", type=int, default=2, help="samples (default 2)")
@@ -267,11 +267,11 @@ def parse_args(argv=None):
     pp = world // args.dp
     if args.blocks % (2 * pp):
         parser.error(f"--blocks {args.blocks}: cannot cut into {2 * pp} equal stages")
-    if args.schedule != "all":
+    for name in args.schedule if "all" not in args.schedule else ():
         for m in args.microbatches:
-            why = refusal(args.schedule, pp, m)
+            why = refusal(name, pp, m)
             if why is not None:
-                parser.error(f"{why} (on {pp} pipeline ranks)")
+                parser.error(why)
     return args
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -44,22 +45,31 @@ def stages_per_rank(schedule: str) -> int:
     return 1 if schedule in SINGLE else 2
 
 
-def _library_ops(schedule: str, pp: int, m: int, with_comms: bool = False):
+@lru_cache(maxsize=512)
+def _library(schedule: str, pp: int, m: int, with_comms: bool = False):
+    """(the library's action lists, None) or (None, its refusal): building them is slow."""
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return get_schedule_ops(schedule, pp, m, stages_per_rank(schedule), with_comms=with_comms)
+        try:
+            ops = get_schedule_ops(schedule, pp, m, stages_per_rank(schedule), with_comms=with_comms)
+        except ValueError as exc:
+            return None, " ".join(str(exc).split())
+    return tuple(tuple(rank) for rank in ops), None
+
+
+def _library_ops(schedule: str, pp: int, m: int, with_comms: bool = False):
+    ops, why = _library(schedule, pp, m, with_comms)
+    if why is not None:
+        raise ValueError(why)
+    return ops
 
 
 def library_refusal(schedule: str, pp: int, m: int) -> str | None:
     """The ``ValueError`` the library's constructor raises for m micro-batches on pp ranks."""
     stages_per_rank(schedule)
-    try:
-        _library_ops(schedule, pp, m)
-    except ValueError as exc:
-        return " ".join(str(exc).split())
-    return None
+    return _library(schedule, pp, m)[1]
 
 
 def compute_actions(schedule: str, pp: int, m: int) -> list[list[Op]]:
