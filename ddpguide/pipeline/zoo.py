@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -47,16 +48,25 @@ def stages_per_rank(schedule: str) -> int:
 
 @lru_cache(maxsize=512)
 def _library(schedule: str, pp: int, m: int, with_comms: bool = False):
-    """(the library's action lists, None) or (None, its refusal): building them is slow."""
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    """(the library's action lists, None) or (None, its refusal).
 
+    The schedule is built as the library's ``_schedule_visualizer.get_schedule_ops``
+    builds it, on stand-in stages (rank 0 of ``pp``); plain namespaces with the
+    attributes the constructors read are 30 times faster than its mocks.
+    """
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    v = stages_per_rank(schedule)
+    stages = [SimpleNamespace(group_rank=0, group_size=pp, num_stages=pp * v, submod=None)
+              for _ in range(v)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            ops = get_schedule_ops(schedule, pp, m, stages_per_rank(schedule), with_comms=with_comms)
+            instance = get_schedule_class(schedule)(stages if v > 1 else stages[0], m)
         except ValueError as exc:
             return None, " ".join(str(exc).split())
-    return tuple(tuple(rank) for rank in ops), None
+    order = instance.pipeline_order_with_comms if with_comms else instance.pipeline_order
+    return tuple(tuple(order[r]) for r in range(pp)), None
 
 
 def _library_ops(schedule: str, pp: int, m: int, with_comms: bool = False):
