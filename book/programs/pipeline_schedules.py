@@ -158,7 +158,7 @@ def run_schedule(args, name, m, rank, mesh, device):
     for stage in stages:
         time_compute(stage, busy)
     worst_grad = worst_loss = 0.0
-    step_seconds = []
+    step_seconds, busy_seconds = [], []
     for step in range(args.steps + args.time):
         x, y = (t.to(device) for t in batch(step, local * dp, args.width))
         mine = slice(dp_rank * local, (dp_rank + 1) * local)
@@ -172,6 +172,7 @@ def run_schedule(args, name, m, rank, mesh, device):
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
         step_seconds.append(time.perf_counter() - start)
+        busy_seconds.append(busy[0])
         if step >= args.steps:
             continue  # timed steps: no comparison
         reference.zero_grad()
@@ -195,8 +196,9 @@ def run_schedule(args, name, m, rank, mesh, device):
         line += f", loss difference {worst_loss:.1e}"
     line += f"; peak activations {meter.peak / chunk:g} chunks"
     if args.time:
-        timed = sorted(step_seconds[args.steps:])[len(step_seconds[args.steps:]) // 2]
-        line += f"; step {timed * 1e3:.2f} ms, busy {busy[0] * 1e3:.2f} ms"
+        timed = sorted(list(zip(step_seconds, busy_seconds))[args.steps:])
+        step_s, busy_s = timed[len(timed) // 2]  # the median step, and its busy time
+        line += f"; step {step_s * 1e3:.2f} ms, busy {busy_s * 1e3:.2f} ms"
     return line, max(worst_grad, worst_loss) <= args.tolerance
 
 

@@ -10,7 +10,7 @@ averaged over the ranks, next to the count from the action list
 (:func:`ddpguide.pipeline.zoo.simulate`): ``bubble_measured_over_formula``.
 ``interleaved_over_1f1b`` is 1F1B's step time over Interleaved1F1B's (throughput);
 ``zb_bubble_over_1f1b_bubble`` InterleavedZeroBubble's measured bubble over
-1F1B's. The full run repeats the launch in 3 rounds (medians); ``--quick`` one
+1F1B's. The full run repeats the launch in 2 rounds (medians); ``--quick`` one
 round of fewer, smaller steps. The ``pipeline`` suite runs these cases too.
 """
 
@@ -34,7 +34,7 @@ def plan(quick: bool) -> dict:
     """The program's arguments: micro-batches, sizes and timed steps."""
     if quick:
         return {"microbatches": 8, "microbatch_size": 16, "width": 128, "time": 3, "rounds": 1}
-    return {"microbatches": 8, "microbatch_size": 32, "width": 384, "time": 6, "rounds": 3}
+    return {"microbatches": 8, "microbatch_size": 48, "width": 768, "time": 4, "rounds": 2}
 
 
 def measure_round(p: dict) -> dict[str, list[tuple[float, float]]]:
