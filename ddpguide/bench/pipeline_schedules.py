@@ -99,7 +99,9 @@ def add_to(report: Report, quick: bool) -> None:
     report.notes.append(
         f"schedules: {RANKS} processes on {os.cpu_count()} cores, one thread each; a rank's bubble "
         "is its step time minus the time inside forwards and backwards, over the latter; counted "
-        "bubbles come from the action lists with unit costs (F = I = W = 1)")
+        "bubbles come from the action lists with unit costs (F = I = W = 1); with more ranks than "
+        f"cores a rank can be busy at most {os.cpu_count()}/{RANKS} of the time, so idle/busy is at "
+        f"least {max(0.0, RANKS / (os.cpu_count() or 1) - 1):g} whatever the schedule")
 
 
 def run(quick: bool = False) -> Report:
