@@ -16,6 +16,12 @@ the batch and FSDP2 shards every stage over the dp dimension.
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule 1F1B DualPipeV
+
+From the source: there is no seed article. The schedules are torch 2.14.1's own
+(torch/distributed/pipelining/schedules.py, after the papers their docstrings name);
+its documentation lists them, and here each one runs on real processes and is held to
+one process's gradients, with the micro-batch counts each constructor refuses checked
+before anything starts.
 """
 
 import argparse
