@@ -20,6 +20,7 @@ chapter                         where its machinery lives
 9  tensor parallelism, 2-D      ``sharding``
 10 when a job hangs             ``doctor`` (``python -m ddpguide.doctor``)
 12 mixture of experts           ``experts``
+13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 

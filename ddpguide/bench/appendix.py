@@ -73,6 +73,21 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
         "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "1.81 (128x128)", ""),
     },
+    "pipeline_schedules": {
+        "interleaved_over_1f1b": Anchor("1F1B / Interleaved1F1B step time (throughput), 4 ranks, v=2",
+                                        "1.28 (torchtitan, 405B, 1F1B 100 vs interleaved 128 tok/s/GPU)",
+                                        "> 1 where the bubble dominates"),
+        "zb_bubble_over_1f1b_bubble": Anchor("InterleavedZeroBubble / 1F1B idle time, measured",
+                                             "1/6 counted from the action lists (F = I = W)", "< 0.6"),
+        "zbv_bubble_over_1f1b_bubble": Anchor("ZBVZeroBubble / 1F1B idle time, measured", "1/6 counted", "< 0.6"),
+        "bubble_measured_over_formula_GPipe": Anchor("GPipe: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_1F1B": Anchor("1F1B: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_Interleaved1F1B": Anchor("Interleaved1F1B: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_LoopedBFS": Anchor("LoopedBFS: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_InterleavedZeroBubble": Anchor("InterleavedZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_ZBVZeroBubble": Anchor("ZBVZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_DualPipeV": Anchor("DualPipeV: idle/busy measured / counted", "", "0.9-1.1"),
+    },
     "amp": {
         "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),
         "bf16_over_fp32_memory": Anchor("bf16 / fp32 activation memory", "", "< 1"),
@@ -95,6 +110,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
                                                 "up to 2 (rank 0 does all the expert work)", ""),
     },
 }
+ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
 
 
 def machine_summary() -> str:

@@ -148,6 +148,9 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
         "",
         *seed_table(single, t["model_parallel"], best_seed, best_bal),
     ]
+    from ddpguide.bench import pipeline_schedules
+
+    pipeline_schedules.add_to(report, quick)  # chapter 13's schedules (alone: that suite)
     if plot_path:
         from matplotlib.figure import Figure
 

@@ -197,3 +197,48 @@ def schedule_widget(stages: int = 4, microbatches: int = 8):
         microbatches=widgets.IntSlider(value=microbatches, min=1, max=16, description="micro-batches m"),
         backward_cost=widgets.IntSlider(value=2, min=1, max=3, description="backward cost"),
     )
+
+
+ACTION_COLOURS = {"F": "tab:blue", "B": "tab:orange", "I": "tab:cyan", "W": "tab:green"}
+
+
+def plot_action_timelines(pp: int = 4, microbatches: int = 8, schedules=None, axes=None):
+    """Each library schedule's action list played with unit costs, one row per rank.
+
+    F blue, full backward B orange (two units), backward-input I cyan, backward-
+    weight W green, idle white; a rank's second (virtual) stage is drawn darker,
+    each cell is labelled with its micro-batch. Titles give the idle slots counted
+    against the formula (:mod:`ddpguide.pipeline.zoo`).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    from ddpguide.pipeline import zoo
+
+    names = schedules or [s for s in zoo.SCHEDULES if zoo.library_refusal(s, pp, microbatches) is None]
+    timelines = [zoo.simulate(s, pp, microbatches) for s in names]
+    if axes is None:
+        fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 0.6 + 0.42 * pp * len(timelines)),
+                                 squeeze=False)
+        axes = axes[:, 0]
+    fig = axes[0].figure
+    width = max(tl.makespan for tl in timelines)
+    for axis, tl in zip(axes, timelines):
+        image = np.ones((pp, width, 3))
+        for (r, t), op in np.ndenumerate(tl.grid):
+            if op is not None:
+                colour = np.array(to_rgb(ACTION_COLOURS[op.kind]))
+                image[r, t] = colour * 0.6 if op.stage >= pp else colour
+        axis.imshow(image, aspect="auto", interpolation="nearest")
+        for (r, t), op in np.ndenumerate(tl.grid):
+            if op is not None and (t == 0 or tl.grid[r, t - 1] is not op):
+                axis.text(t + (op.kind == "B") * 0.5, r, str(op.mb), ha="center", va="center",
+                          fontsize=6, color="white")
+        axis.set_yticks(range(pp), [f"rank {r}" for r in range(pp)], fontsize=7)
+        axis.set_xticks([])
+        formula = zoo.bubble_formula(tl.schedule, pp, microbatches)
+        axis.set_title(f"{tl.schedule}: idle/compute {tl.idle}/{tl.busy} = {float(tl.bubble):.3f}"
+                       f" (formula {formula} = {float(formula):.3f})", fontsize=8, loc="left")
+    axes[-1].set_xlabel("time (one chunk's forward = 1 unit)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,287 @@
+"""Every pipeline schedule of torch.distributed.pipelining, checked against one process.
+
+A stack of identical residual blocks (x + tanh(W x + b), float64) is cut into equal
+stages. GPipe and 1F1B give each rank one stage; the looped schedules (Interleaved1F1B,
+LoopedBFS, InterleavedZeroBubble) give rank r the stages r and r + p, the V-shaped ones
+(ZBVZeroBubble, DualPipeV) the stages r and 2p - 1 - r. Every rank also builds the whole
+model and runs the whole batch in one process; after each step it compares the loss
+and every parameter's gradient of its stages with that one process.
+
+For each schedule a rank prints one line: the largest gradient and loss differences,
+the activations its stages held at the peak (in chunks: one micro-batch through one
+stage), and with --time the step time and the share of it spent in forwards and
+backwards. With --dp 2 the ranks form a (pp, dp) mesh: each pipeline runs half of
+the batch and FSDP2 shards every stage over the dp dimension.
+
+Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
+      torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
+      torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule 1F1B DualPipeV
+
+From the source: there is no seed article. The schedules are torch 2.14.1's own
+(torch/distributed/pipelining/schedules.py, after the papers their docstrings name);
+its documentation lists them, and here each one runs on real processes and is held to
+one process's gradients, with the micro-batch counts each constructor refuses checked
+before anything starts.
+"""
+
+import argparse
+import copy
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.pipelining import PipelineStage, schedules
+
+SINGLE = ("GPipe", "1F1B")  # one stage per rank
+LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")  # stages r, r + p
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")  # stages r, 2p - 1 - r
+SCHEDULES = SINGLE + LOOPED + V_SHAPED
+
+
+def stages_of(schedule: str, rank: int, pp: int) -> list[int]:
+    """The stage indices a rank holds (2 per rank except for GPipe and 1F1B)."""
+    if schedule in SINGLE:
+        return [rank]
+    if schedule in LOOPED:
+        return [rank, rank + pp]
+    return [rank, 2 * pp - 1 - rank]
+
+
+def refusal(schedule: str, pp: int, m: int) -> str | None:
+    """Why the library's schedule refuses m micro-batches on pp ranks (None: it accepts).
+
+    The rules of torch 2.14.1's constructors: Schedule1F1B needs m >= p; the
+    interleaved ones split m into max(1, m // p) rounds that must divide m;
+    DualPipeV needs one micro-batch per stage at least (m >= 2p).
+    """
+    if schedule == "1F1B" and m < pp:
+        return f"1F1B needs at least as many micro-batches as ranks ({pp}), got {m}"
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        rounds = max(1, m // pp)
+        if m % rounds:
+            return (f"{schedule} runs max(1, m // {pp}) = {rounds} rounds, which must divide "
+                    f"the {m} micro-batches")
+    if schedule == "DualPipeV" and m < 2 * pp:
+        return f"DualPipeV needs at least as many micro-batches as stages ({2 * pp}), got {m}"
+    return None
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = nn.Linear(width, width, dtype=torch.float64)
+
+    def forward(self, x):
+        return x + torch.tanh(self.linear(x))
+
+
+def build_model(blocks: int, width: int) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(Block(width) for _ in range(blocks)))
+
+
+def batch(step: int, size: int, width: int):
+    g = torch.Generator().manual_seed(step)
+    return (torch.randn(size, width, generator=g, dtype=torch.float64),
+            torch.randn(size, width, generator=g, dtype=torch.float64))
+
+
+class ActivationMeter:
+    """Bytes of activations autograd holds for backward: the saved tensors of shape
+    (micro-batch, width), not the weights (FSDP2 gathers them into new tensors)."""
+
+    def __init__(self, shape):
+        self.shape = torch.Size(shape)
+        self.held = self.peak = 0
+
+    def pack(self, t):
+        if t.shape != self.shape:
+            return t
+        return _Held(t, self)
+
+    @staticmethod
+    def unpack(held):
+        return held if isinstance(held, torch.Tensor) else held.tensor
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Held:
+    def __init__(self, tensor, meter):
+        self.tensor, self.meter, self.nbytes = tensor, meter, tensor.numel() * tensor.element_size()
+        meter.held += self.nbytes
+        meter.peak = max(meter.peak, meter.held)
+
+    def __del__(self):
+        self.meter.held -= self.nbytes
+
+
+def time_compute(stage, totals):
+    """Add the seconds a stage spends in each forward and backward to totals[0]."""
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        method = getattr(stage, name)
+
+        def timed(*args, _method=method, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                totals[0] += time.perf_counter() - start
+        setattr(stage, name, timed)
+
+
+def run_schedule(args, name, m, rank, mesh, device):
+    """Train 2 steps under one schedule; return this rank's line and whether it matched."""
+    pp_rank, pp = mesh["pp"].get_local_rank(), mesh["pp"].size()
+    dp_rank, dp = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    indices = stages_of(name, pp_rank, pp)
+    n_stages = pp * len(indices)
+    per_stage = args.blocks // n_stages
+    model = build_model(args.blocks, args.width).to(device)
+    reference = copy.deepcopy(model)
+    parts = [model[i * per_stage:(i + 1) * per_stage] for i in indices]  # names stay "0".."7"
+    if dp > 1:
+        from torch.distributed.fsdp import fully_shard
+        for part in parts:  # reshard_after_forward=False: one all-gather per step, not per micro-batch
+            fully_shard(part, mesh=mesh["dp"], reshard_after_forward=False)
+    stages = [PipelineStage(part, i, n_stages, device, group=mesh["pp"].get_group())
+              for part, i in zip(parts, indices)]
+    local = args.microbatch_size * m  # samples of this pipeline
+    mse = lambda out, target: (out - target).pow(2).sum() / (local * args.width)
+
+    def loss_fn(out, target):  # saved tensors of the loss are not activations of a block
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            return mse(out, target)
+    cls = schedules.get_schedule_class(name)
+    schedule = cls(stages if name not in SINGLE else stages[0], m, loss_fn=loss_fn,
+                   scale_grads=False)  # the loss is already divided by the whole batch
+    meter = ActivationMeter((args.microbatch_size, args.width))
+    busy = [0.0]
+    for stage in stages:
+        time_compute(stage, busy)
+    worst_grad = worst_loss = 0.0
+    step_seconds, busy_seconds = [], []
+    for step in range(args.steps + args.time):
+        x, y = (t.to(device) for t in batch(step, local * dp, args.width))
+        mine = slice(dp_rank * local, (dp_rank + 1) * local)
+        for part in parts:
+            part.zero_grad()
+        losses = []
+        meter.held = meter.peak = 0
+        busy[0] = 0.0
+        start = time.perf_counter()
+        with meter.hooks():
+            schedule.step(x[mine] if 0 in indices else None,
+                          target=y[mine] if n_stages - 1 in indices else None, losses=losses)
+        step_seconds.append(time.perf_counter() - start)
+        busy_seconds.append(busy[0])
+        if step >= args.steps:
+            continue  # timed steps: no comparison
+        reference.zero_grad()
+        reference_loss = (reference(x) - y).pow(2).mean()
+        reference_loss.backward()
+        for part in parts:
+            for pname, p in part.named_parameters():
+                grad = p.grad.full_tensor() if dp > 1 else p.grad
+                ref = reference.get_parameter(pname.replace("._fsdp_wrapped_module", "")).grad
+                worst_grad = max(worst_grad, (grad - ref).abs().max().item())
+        if n_stages - 1 in indices:
+            loss = torch.stack(losses).sum().detach()
+            if dp > 1:
+                dist.all_reduce(loss, group=mesh["dp"].get_group())
+                loss /= dp
+            worst_loss = max(worst_loss, abs(loss - reference_loss).item())
+    chunk = 2 * per_stage * args.microbatch_size * args.width * 8  # linear input, tanh output
+    line = (f"[rank {rank}] {name} m={m} stages {','.join(map(str, indices))}: "
+            f"max gradient difference {worst_grad:.1e}")
+    if n_stages - 1 in indices:
+        line += f", loss difference {worst_loss:.1e}"
+    line += f"; peak activations {meter.peak / chunk:g} chunks"
+    if args.time:
+        timed = sorted(list(zip(step_seconds, busy_seconds))[args.steps:])
+        step_s, busy_s = timed[len(timed) // 2]  # the median step, and its busy time
+        line += f"; step {step_s * 1e3:.2f} ms, busy {busy_s * 1e3:.2f} ms"
+    return line, max(worst_grad, worst_loss) <= args.tolerance
+
+
+def main(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        device, backend = torch.device("cuda", local_rank), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=120))
+    from torch.distributed.device_mesh import init_device_mesh
+    pp = world // args.dp
+    mesh = init_device_mesh(device.type, (pp, args.dp), mesh_dim_names=("pp", "dp"))
+    all_ok = True
+    for name in (SCHEDULES if "all" in args.schedule else args.schedule):
+        for m in args.microbatches:
+            why = refusal(name, pp, m)
+            if why is not None:  # only with --schedule all: a named schedule was refused before
+                if rank == 0:
+                    print(f"skip: {why}", flush=True)
+                continue
+            line, ok = run_schedule(args, name, m, rank, mesh, device)
+            print(line + "\n", end="", flush=True)  # one write, so the ranks' lines never mix
+            verdict = torch.tensor([ok], dtype=torch.int, device=device)
+            dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # every rank must agree
+            all_ok &= bool(verdict.item())
+            if rank == 0:
+                print(f"check: {name} on {pp} ranks x dp {args.dp}, m={m}, matches one process "
+                      f"within {args.tolerance:g}: {'OK' if verdict.item() else 'FAILED'}", flush=True)
+    dist.destroy_process_group()
+    return 0 if all_ok else 1
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr and exit status 2, without the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_args(argv=None):
+    parser = Parser(description="Pipeline schedules checked against one process.")
+    parser.add_argument("--schedule", nargs="+", default=["all"], choices=(*SCHEDULES, "all"),
+                        metavar="NAME", help=f"some of {', '.join(SCHEDULES)}, or all (default)")
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[4],
+                        help="micro-batch counts, each run in turn (default 4)")
+    parser.add_argument("--microbatch-size", type=int, default=2, help="samples (default 2)")
+    parser.add_argument("--blocks", type=int, default=8, help="identical blocks (default 8)")
+    parser.add_argument("--width", type=int, default=16, help="features (default 16)")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
+    parser.add_argument("--steps", type=int, default=2, help="checked steps (default 2)")
+    parser.add_argument("--time", type=int, default=0, help="timed steps after them (default 0)")
+    parser.add_argument("--tolerance", type=float, default=1e-10, help="default 1e-10")
+    args = parser.parse_args(argv)
+    for name in ("microbatch_size", "blocks", "width", "dp", "steps", "tolerance"):
+        if not 0 < getattr(args, name) < float("inf"):
+            parser.error(f"argument --{name.replace('_', '-')}: expected a value > 0, "
+                         f"got {getattr(args, name)}")
+    if args.microbatch_size == args.width:
+        parser.error("--microbatch-size must differ from --width (activations are told from weights by shape)")
+    if args.time < 0 or min(args.microbatches) < 1:
+        parser.error("argument --time and --microbatches: expected values >= 0 and >= 1")
+    if "LOCAL_RANK" not in os.environ:
+        parser.error(f"start me with torchrun --standalone --nproc-per-node=2 {parser.prog}")
+    world = int(os.environ["WORLD_SIZE"])
+    if world % args.dp or world // args.dp < 2:
+        parser.error(f"--dp {args.dp} leaves no pipeline of 2 ranks or more in {world} ranks")
+    pp = world // args.dp
+    if args.blocks % (2 * pp):
+        parser.error(f"--blocks {args.blocks}: cannot cut into {2 * pp} equal stages")
+    for name in args.schedule if "all" not in args.schedule else ():
+        for m in args.microbatches:
+            why = refusal(name, pp, m)
+            if why is not None:
+                parser.error(why)
+    return args
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args()))

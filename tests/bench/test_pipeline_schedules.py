@@ -1,0 +1,44 @@
+"""The pipeline_schedules suite: what it derives from the program's timed lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpguide.bench import SUITES
+from ddpguide.bench import pipeline_schedules as suite
+from ddpguide.bench.appendix import ANCHORS
+from ddpguide.bench.report import Report
+from ddpguide.pipeline import zoo
+
+
+def test_ratios_come_from_the_timed_lines(monkeypatch):
+    # Per schedule: one round, 4 ranks, (step, busy) seconds; bubble = (step - busy) / busy.
+    lines = {s: [(0.2, 0.1)] * 4 for s in zoo.SCHEDULES}
+    lines["Interleaved1F1B"] = [(0.1, 0.08)] * 4
+    lines["InterleavedZeroBubble"] = [(0.11, 0.1)] * 4
+    monkeypatch.setattr(suite, "measure_round", lambda plan: lines)
+    report = Report("pipeline_schedules")
+    suite.add_to(report, quick=True)
+    assert report.ratios["interleaved_over_1f1b"] == pytest.approx(2.0)
+    assert report.ratios["zb_bubble_over_1f1b_bubble"] == pytest.approx(0.1)
+    counted = float(zoo.simulate("1F1B", 4, suite.plan(True)["microbatches"]).bubble)
+    assert report.ratios["bubble_measured_over_formula_1F1B"] == pytest.approx(1.0 / counted)
+    assert set(report.ratios) <= set(ANCHORS["pipeline_schedules"]) <= set(ANCHORS["pipeline"])
+    assert "pipeline_schedules" in SUITES
+
+
+def test_a_failed_check_stops_the_suite(monkeypatch):
+    class Run:
+        output = "[rank 0] GPipe m=8 stages 0: x; step 1.0 ms, busy 0.5 ms\n"
+
+        @staticmethod
+        def checks():
+            return ["check: GPipe on 4 ranks x dp 1, m=8, matches one process within 1e-10: FAILED"]
+
+        @staticmethod
+        def lines():
+            return Run.output.splitlines()
+
+    monkeypatch.setattr(suite, "run_program", lambda *a, **k: Run)
+    with pytest.raises(RuntimeError, match="did not check out"):
+        suite.measure_round(suite.plan(True))
