@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from process_guard import guard
+from tests.process_guard import guard
 
 
 @pytest.fixture(autouse=True)

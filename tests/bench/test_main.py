@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from file_snapshot import snapshot
+from tests.file_snapshot import snapshot
 
 from ddpguide.bench import SUITES
 from ddpguide.bench import __main__ as bench_main

@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from file_snapshot import snapshot
+from tests.file_snapshot import snapshot
 
 from ddpguide.core.checkpoint import (
     CheckpointError,

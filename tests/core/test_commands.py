@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from file_snapshot import snapshot
+from tests.file_snapshot import snapshot
 
 from ddpguide.core.commands import (
     InputError,

@@ -8,7 +8,7 @@ import socket
 import sys
 
 import pytest
-from doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
+from tests.doctor.doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
 
 from ddpguide.core.processes import ephemeral_port as free_port
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_runs import doctor
+from tests.doctor.doctor_runs import doctor
 
 from ddpguide.doctor.options import (
     DEFAULT_SIZES,

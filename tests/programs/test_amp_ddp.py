@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from programs_support import (
+from tests.programs.programs_support import (
     PYTHON,
     check_ok,
     copy_program,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from programs_support import (
+from tests.programs.programs_support import (
     PYTHON,
     TORCHRUN,
     copy_program,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from file_snapshot import snapshot
+from tests.file_snapshot import snapshot
 
 from ddpguide.core.checkpoint import (
     kept_aside,
