@@ -76,7 +76,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def training_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scaler: "torch.amp.GradScaler | None" = None, **extra: Any) -> dict[str, Any]:
+                   scaler: torch.amp.GradScaler | None = None, **extra: Any) -> dict[str, Any]:
     """Everything needed to continue after ``epoch`` as if nothing had happened."""
     state = {
         "epoch": epoch,
@@ -94,7 +94,7 @@ def training_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimize
 
 def restore_training_state(state: dict[str, Any], model: nn.Module,
                            optimizer: torch.optim.Optimizer,
-                           scaler: "torch.amp.GradScaler | None" = None) -> int:
+                           scaler: torch.amp.GradScaler | None = None) -> int:
     """Load ``state`` into model, optimizer (and scaler); return the epoch to run next."""
     try:
         unwrap(model).load_state_dict(state["model"])

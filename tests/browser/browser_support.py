@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
 from tests.browser.cdp_client import Chromium, Request, Tab
 
 ROOT = Path(__file__).absolute().parents[2]

@@ -13,9 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from tests.browser import cdp_client
 import psutil
 import pytest
+
+from tests.browser import cdp_client
 from tests.browser.browser_support import HTML, Visitor, serve, toc_pages, unavailable
 from tests.browser.cdp_client import Chromium
 from tests.process_guard import guard, live_children

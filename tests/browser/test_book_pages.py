@@ -18,6 +18,7 @@ from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
 import pytest
+
 from tests.browser.browser_support import (
     PageReport,
     Visitor,

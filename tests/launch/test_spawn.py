@@ -6,9 +6,9 @@ import time
 
 import psutil
 import pytest
-from tests.launch import spawn_workers
 
 from ddpguide.launch.spawn import SpawnTimeout, WorkerError, _check_arguments, spawn
+from tests.launch import spawn_workers
 
 
 def _running_children() -> set[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
 
 

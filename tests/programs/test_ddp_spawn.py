@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+
 from tests.programs.programs_support import (
     PYTHON,
     check_ok,

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from tests.programs.programs_support import (
     PROGRAMS,
     TORCHRUN,

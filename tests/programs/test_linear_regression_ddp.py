@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, load_program, run
 
 

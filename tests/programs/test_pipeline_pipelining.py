@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from tests.programs.programs_support import TORCHRUN, check_ok, copy_program, parse_error, run
 
 

@@ -7,6 +7,7 @@ import ast
 import sys
 
 import pytest
+
 from tests.programs.programs_support import PROGRAMS
 
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "sklearn"}
