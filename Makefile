@@ -20,14 +20,16 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890".
 LAB_ARGS ?=
 
-.PHONY: help install book book-js test test-package test-notebooks render linkcheck \
-	test-browser test-lab lab bench gpu-check clean
+.PHONY: help install book book-js test test-package test-fast lint typecheck test-notebooks \
+	render linkcheck test-browser test-lab lab bench gpu-check clean
 
 help:
 	@echo "make book        install (into $(VENV)) and build the HTML book in _build/html"
 	@echo "make test        install; package tests, every chapter once, the rendered book"
 	@echo "                 (links, then every page in headless Chromium; screenshots in"
 	@echo "                 _build/screenshots)"
+	@echo "make test-fast   the package tests that start no process (seconds to a minute or two)"
+	@echo "make lint        ruff (rules in pyproject.toml) and mypy on the package (strict on core)"
 	@echo "make lab         open the chapters in JupyterLab"
 	@echo "make bench       run every benchmark suite in full, saved in book/measurements/ for the appendix"
 	@echo "make gpu-check   on a GPU machine: every chapter and benchmark with CUDA"
@@ -65,7 +67,19 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-browser
 
 test-package: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/browser
+	$(PY) -m pytest tests --ignore=tests/browser --durations=25
+
+# Every package test that starts no process: no process group, no subprocess. A test that
+# starts one is marked `multiprocess` (tests/process_marks.py) and left out here.
+test-fast: $(STAMP)
+	$(PY) -m pytest tests --ignore=tests/browser -m "not multiprocess" -q --durations=10
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory typecheck
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 ifeq ($(NB_OVERWRITE),)
 test-notebooks: $(STAMP)

@@ -1,11 +1,41 @@
-"""Shared fixtures: every test must leave no child process behind."""
+"""Shared fixtures: every test must leave no child process behind, and a test that starts
+a process is marked ``multiprocess`` (``tests/process_marks.py``)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-from process_guard import guard
+
+from tests.process_guard import guard
+from tests.process_marks import ProcessWatch, mark_items
+
+
+def pytest_configure(config):
+    config._process_watch = ProcessWatch()
+
+
+def pytest_unconfigure(config):
+    watch = getattr(config, "_process_watch", None)
+    if watch is not None:
+        watch.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    mark_items(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.config._process_watch.begin(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    item.config._process_watch.check(item)
+    return result
 
 
 @pytest.fixture(autouse=True)
@@ -19,16 +49,30 @@ def spawned(request):
     """``spawned(world)``: every rank's results of the test module's ``_calls(world)``.
 
     The calls run one after another in one process group per world size, started
-    once for the module (a start costs seconds), through ``run_several``.
+    once for the module (a start costs seconds), through ``run_several``. A group that
+    fails is reported in full by the first test that asked for it; the module's other
+    tests fail with one line that points there.
     """
     from ddpguide.launch.spawn import run_several, spawn
 
     cache: dict[int, list[dict]] = {}
+    failed: dict[int, str] = {}
 
     def results(world: int) -> list[dict]:
+        if world in failed:
+            pytest.fail(failed[world], pytrace=False)
         if world not in cache:
-            cache[world] = spawn(run_several, world, request.module._calls(world),
-                                 timeout=240, echo=False)
+            try:
+                cache[world] = spawn(run_several, world, request.module._calls(world),
+                                     timeout=240, echo=False)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # a timeout is a pytest outcome, not an Exception
+                first = os.environ.get("PYTEST_CURRENT_TEST", "?").rpartition(" ")[0]
+                failed[world] = (f"the group of {world} ranks shared by this module failed "
+                                 f"to start or run ({type(exc).__name__}): reported in full "
+                                 f"by {first}")
+                raise
         return cache[world]
 
     return results

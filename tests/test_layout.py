@@ -7,6 +7,7 @@ dependency, and a circle through one still loads a module twice.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -199,12 +200,18 @@ def test_a_figure_imported_below_it_and_a_long_module_are_caught(tmp_path, healt
     ]
 
 
+@functools.cache
+def _imports_from(text: str) -> tuple[ast.ImportFrom, ...]:
+    """The ``from ... import`` statements of a test's source (parsed once per source)."""
+    return tuple(node for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ImportFrom))
+
+
 def mentions(text: str, module: str) -> bool:
     """Whether a test's source imports or names ``module`` (``a.b.c`` or ``from a.b import c``)."""
     package, _, leaf = module.rpartition(".")
     if module in text:
         return True
-    for node in ast.walk(ast.parse(text)):
+    for node in _imports_from(text):
         if isinstance(node, ast.ImportFrom) and node.module == package:
             if any(alias.name == leaf for alias in node.names):
                 return True

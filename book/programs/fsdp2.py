@@ -90,7 +90,7 @@ def main():
     dist.barrier()
 
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         optimizer.zero_grad()
         loss, forward = counted(lambda: nn.functional.mse_loss(model(inputs[mine]), targets[mine]))
         _, backward = counted(loss.backward)
@@ -114,7 +114,7 @@ def main():
     # The full parameters, gathered (S(0) -> B), against one process on the full batch.
     reference = make_model().to(device)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         reference_optimizer.zero_grad()
         nn.functional.mse_loss(reference(inputs), targets).backward()
         reference_optimizer.step()

@@ -67,7 +67,7 @@ def main():
 
     model = DDP(make_model().to(device))
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         optimizer.zero_grad()
         nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()  # DDP all-reduces
         optimizer.step()  # Adam on this rank's parameters, then a broadcast of each parameter
@@ -82,7 +82,7 @@ def main():
     # The same training in one process on the full batch, with plain Adam.
     reference = make_model().to(device)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         reference_optimizer.zero_grad()
         nn.functional.mse_loss(reference(inputs), targets).backward()
         reference_optimizer.step()

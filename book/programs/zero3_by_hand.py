@@ -137,7 +137,7 @@ def main():
     dist.barrier()
 
     optimizer = torch.optim.Adam([s.shard for s in shards], lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         CALLS.clear()
         optimizer.zero_grad()
         nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()
@@ -149,7 +149,7 @@ def main():
     # The full parameters, gathered one last time, against one process on the full batch.
     reference = make_model().to(device)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=LR)
-    for step in range(STEPS):
+    for _ in range(STEPS):
         reference_optimizer.zero_grad()
         nn.functional.mse_loss(reference(inputs), targets).backward()
         reference_optimizer.step()

@@ -22,7 +22,8 @@ class Anchor:
 
 ANCHORS: dict[str, dict[str, Anchor]] = {
     "allreduce": {
-        "ring_over_gloo_64mb": Anchor("hand-written / gloo time, 64 MB, 2 ranks", "0.95 (plain ring, measured before)", "<= 1.0"),
+        "ring_over_gloo_64mb": Anchor("hand-written / gloo time, 64 MB, 2 ranks",
+                                      "0.95 (plain ring, measured before)", "<= 1.0"),
         "ring_over_gloo_64mb_4ranks": Anchor("hand-written / gloo time, 64 MB, 4 ranks", "0.89 (plain ring)", "<= 1.0"),
         "ring_over_gloo_1mb_4ranks": Anchor("hand-written / gloo time, 1 MB, 4 ranks", "1.74 (plain ring)", "<= 1.3"),
         "plain_ring_over_gloo_64mb": Anchor("one-message-per-step ring / gloo, 64 MB, 2 ranks", "0.95", ""),
@@ -65,9 +66,11 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "torchrun_worker_crash_s": Anchor("worker kill, torchrun defaults", "32.2 s", ""),
     },
     "pipeline": {
-        "pipeline_speedup": Anchor("2-stage pipeline / 1 process, source's split", "1.49x, 1.54x at split 12 (2 GPUs)", ">= 1.6"),
+        "pipeline_speedup": Anchor("2-stage pipeline / 1 process, source's split",
+                                   "1.49x, 1.54x at split 12 (2 GPUs)", ">= 1.6"),
         "pipeline_speedup_balanced": Anchor("pipeline with balanced stages / 1 process", "", "> pipeline_speedup"),
-        "model_parallel_over_single": Anchor("naive model parallel / 1 device, time", "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
+        "model_parallel_over_single": Anchor("naive model parallel / 1 device, time",
+                                             "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
         "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core)", "", "<= bubble_bound"),
         "bubble_bound": Anchor("m/(m+p-1) for the best seed-split run", "", ""),
         "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
@@ -94,9 +97,11 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "fp16_over_fp32_time": Anchor("fp16 autocast / fp32 step time (GPU)", "", "< 1"),
     },
     "sharding": {
-        "fsdp_state_over_ddp_4ranks": Anchor("FSDP2 / DDP state bytes per rank, 4 ranks", "0.25 (ZeRO-3: 16/N bytes per parameter)", "<= 0.26"),
+        "fsdp_state_over_ddp_4ranks": Anchor("FSDP2 / DDP state bytes per rank, 4 ranks",
+                                             "0.25 (ZeRO-3: 16/N bytes per parameter)", "<= 0.26"),
         "fsdp_peak_over_ddp_4ranks": Anchor("FSDP2 / DDP peak memory of one step, 4 ranks", "", "<= 0.40"),
-        "zero1_state_over_ddp_4ranks": Anchor("ZeRO-1 / DDP state bytes per rank, 4 ranks", "(4 + 4 + 8/N) / 16 = 0.625", ""),
+        "zero1_state_over_ddp_4ranks": Anchor("ZeRO-1 / DDP state bytes per rank, 4 ranks",
+                                              "(4 + 4 + 8/N) / 16 = 0.625", ""),
         "fsdp_step_over_ddp_2ranks": Anchor("FSDP2 / DDP step time, 2 ranks", "1.5 x DDP's bytes moved", ""),
         "hand_zero3_over_fsdp_2ranks": Anchor("ZeRO-3 by hand / FSDP2 step time, 2 ranks", "", "<= 1.2"),
     },

@@ -73,8 +73,8 @@ def _rss_bytes() -> int:
 def _glibc():
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt, libc.malloc_trim  # glibc only
-        return libc
+        if libc.mallopt and libc.malloc_trim:  # glibc only: AttributeError elsewhere
+            return libc
     return None
 
 

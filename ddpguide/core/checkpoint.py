@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpguide.core.checkpoint_rotation import (  # noqa: F401 (the public API is here)
+from ddpguide.core.checkpoint_rotation import (  # the public API is here
     CORRUPT_SUFFIX,
     PREVIOUS_SUFFIX,
     CheckpointError,
@@ -40,8 +40,15 @@ from ddpguide.core.checkpoint_rotation import (  # noqa: F401 (the public API is
     save_checkpoint,
 )
 
+__all__ = [
+    "check_checkpoint_fits", "check_checkpoint_target", "check_writable_directory",
+    "CheckpointError", "CORRUPT_SUFFIX", "kept_aside", "load_checkpoint", "one_line",
+    "previous_path", "PREVIOUS_SUFFIX", "read_checkpoint_file", "restore_training_state",
+    "save_checkpoint", "training_state", "unwrap",
+]
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any] | None:
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any] | None:
     """The latest readable checkpoint at ``path`` (or its fallback), or None if there is none.
 
     A latest file that cannot be read (truncated, corrupt) produces a
@@ -76,7 +83,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def training_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   scaler: "torch.amp.GradScaler | None" = None, **extra: Any) -> dict[str, Any]:
+                   scaler: torch.amp.GradScaler | None = None, **extra: Any) -> dict[str, Any]:
     """Everything needed to continue after ``epoch`` as if nothing had happened."""
     state = {
         "epoch": epoch,
@@ -94,7 +101,7 @@ def training_state(epoch: int, model: nn.Module, optimizer: torch.optim.Optimize
 
 def restore_training_state(state: dict[str, Any], model: nn.Module,
                            optimizer: torch.optim.Optimizer,
-                           scaler: "torch.amp.GradScaler | None" = None) -> int:
+                           scaler: torch.amp.GradScaler | None = None) -> int:
     """Load ``state`` into model, optimizer (and scaler); return the epoch to run next."""
     try:
         unwrap(model).load_state_dict(state["model"])
@@ -115,7 +122,7 @@ def restore_training_state(state: dict[str, Any], model: nn.Module,
     return int(state["epoch"]) + 1
 
 
-def check_checkpoint_fits(path: str | os.PathLike, model: nn.Module) -> int | None:
+def check_checkpoint_fits(path: str | os.PathLike[str], model: nn.Module) -> int | None:
     """Before a run: the epoch a checkpoint at ``path`` would resume at, or None if none exists.
 
     Raises :class:`CheckpointError` (one line) when no copy is readable or the

@@ -35,13 +35,13 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint, or one that does not fit the model."""
 
 
-def previous_path(path: str | os.PathLike) -> Path:
+def previous_path(path: str | os.PathLike[str]) -> Path:
     """Where the checkpoint before the latest one is kept."""
     path = Path(path)
     return path.with_name(path.name + PREVIOUS_SUFFIX)
 
 
-def kept_aside(path: str | os.PathLike) -> list[Path]:
+def kept_aside(path: str | os.PathLike[str]) -> list[Path]:
     """Unreadable files a save kept aside instead of making them the fallback, by name."""
     path = Path(path)
     return sorted(path.parent.glob(glob.escape(path.name + CORRUPT_SUFFIX) + "*"))
@@ -100,7 +100,7 @@ def _remove_stale_temporaries(path: Path) -> None:
             pass  # alive, owned by someone else
 
 
-def check_writable_directory(path: str | os.PathLike) -> Path:
+def check_writable_directory(path: str | os.PathLike[str]) -> Path:
     """Raise :class:`CheckpointError` unless a checkpoint can be created next to ``path``.
 
     Creates and removes a probe file: ``os.access`` says yes to root even on a
@@ -121,7 +121,7 @@ def check_writable_directory(path: str | os.PathLike) -> Path:
     return directory
 
 
-def check_checkpoint_target(path: str | os.PathLike) -> Path:
+def check_checkpoint_target(path: str | os.PathLike[str]) -> Path:
     """Raise :class:`CheckpointError` unless a checkpoint can be saved at ``path``.
 
     Its directory must exist and take new files; neither ``path`` nor its
@@ -175,7 +175,7 @@ def _keep_aside(path: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Atomically write ``state`` to ``path``, keeping the old file as ``path.prev``.
 
     Killed at any instant, this leaves ``path`` either as it was or complete

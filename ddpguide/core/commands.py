@@ -19,13 +19,13 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on stderr (exit status 2)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
@@ -96,8 +96,8 @@ def _same_path(a: Path, b: Path) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def check_output_file(path: str | os.PathLike, option: str, *,
-                      protected: Iterable[tuple[str | os.PathLike, str]] = (),
+def check_output_file(path: str | os.PathLike[str], option: str, *,
+                      protected: Iterable[tuple[str | os.PathLike[str], str]] = (),
                       may_replace: Callable[[Path], bool] | None = None,
                       replaceable: str = "an earlier output of this command") -> Path:
     """Raise :class:`InputError` unless ``path`` can be written at the end of the run.
@@ -136,7 +136,7 @@ def check_output_file(path: str | os.PathLike, option: str, *,
     return target
 
 
-def write_atomically(path: str | os.PathLike, text: str) -> Path:
+def write_atomically(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` (making missing folders) so that a reader never sees half."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sized, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,16 +35,16 @@ class DataSplits:
     """A train and a test set, with the name of where they came from."""
 
     name: str
-    train: Dataset
-    test: Dataset
+    train: Dataset[Any]
+    test: Dataset[Any]
 
 
-def mnist_root(root: str | os.PathLike | None = None) -> Path:
+def mnist_root(root: str | os.PathLike[str] | None = None) -> Path:
     """Where MNIST is looked for: argument, ``DDPGUIDE_MNIST_ROOT``, or ``./data``."""
     return Path(root or os.environ.get("DDPGUIDE_MNIST_ROOT") or "data")
 
 
-def mnist_available(root: str | os.PathLike | None = None) -> bool:
+def mnist_available(root: str | os.PathLike[str] | None = None) -> bool:
     """True when torchvision's MNIST files are already on disk under ``root``."""
     raw = mnist_root(root) / "MNIST" / "raw"
     needed = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -52,7 +52,7 @@ def mnist_available(root: str | os.PathLike | None = None) -> bool:
     return all((raw / name).exists() or (raw / f"{name}.gz").exists() for name in needed)
 
 
-def load_mnist(root: str | os.PathLike | None = None) -> DataSplits:
+def load_mnist(root: str | os.PathLike[str] | None = None) -> DataSplits:
     """torchvision's MNIST, from local files only (never a download)."""
     from torchvision import datasets, transforms
 
@@ -88,7 +88,7 @@ def load_digits(image_size: int = 28, test_fraction: float = 0.2, seed: int = 0)
     )
 
 
-def load_dataset(name: str = "auto", root: str | os.PathLike | None = None,
+def load_dataset(name: str = "auto", root: str | os.PathLike[str] | None = None,
                  image_size: int = 28) -> DataSplits:
     """``mnist``, ``digits``, or ``auto`` (MNIST if its files exist, else digits)."""
     if name == "auto":
@@ -133,9 +133,9 @@ class UnpaddedDistributedSampler(Sampler[int]):
         return max(0, math.ceil((self.dataset_size - self.rank) / self.num_replicas))
 
 
-def train_loader(dataset: Dataset, batch_size: int, rank: int = 0, world_size: int = 1,
+def train_loader(dataset: Dataset[Any], batch_size: int, rank: int = 0, world_size: int = 1,
                  seed: int = DEFAULT_SEED, num_workers: int = 0,
-                 drop_last: bool = False) -> DataLoader:
+                 drop_last: bool = False) -> DataLoader[Any]:
     """A shuffled loader whose sampler gives this rank its shard of every epoch.
 
     Call ``loader.sampler.set_epoch(epoch)`` before each epoch, or every epoch
@@ -143,14 +143,14 @@ def train_loader(dataset: Dataset, batch_size: int, rank: int = 0, world_size: i
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=seed, drop_last=drop_last)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       generator=rank_generator(rank, seed), drop_last=drop_last)
 
 
-def eval_loader(dataset: Dataset, batch_size: int, rank: int = 0,
-                world_size: int = 1) -> DataLoader:
+def eval_loader(dataset: Dataset[Any], batch_size: int, rank: int = 0,
+                world_size: int = 1) -> DataLoader[Any]:
     """A loader over this rank's unpadded shard, so counts add up to ``len(dataset)``."""
-    sampler = UnpaddedDistributedSampler(len(dataset), world_size, rank)
+    sampler = UnpaddedDistributedSampler(len(cast(Sized, dataset)), world_size, rank)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)

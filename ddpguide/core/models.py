@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -16,7 +18,8 @@ class ToyModel(nn.Module):
         self.net2 = nn.Linear(10, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net2(self.relu(self.net1(x)))
+        out: torch.Tensor = self.net2(self.relu(self.net1(x)))
+        return out
 
 
 class ConvNet(nn.Module):
@@ -43,16 +46,18 @@ class ConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.layer2(self.layer1(x))
-        return self.fc(out.flatten(1))
+        logits: torch.Tensor = self.fc(out.flatten(1))
+        return logits
 
 
 MODELS = {"toy": ToyModel, "convnet": ConvNet}
 
 
-def build_model(name: str, **kwargs) -> nn.Module:
+def build_model(name: str, **kwargs: Any) -> nn.Module:
     """A model by name (``toy`` or ``convnet``), with a clear error otherwise."""
     try:
         factory = MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}") from None
-    return factory(**kwargs)
+    model: nn.Module = factory(**kwargs)
+    return model

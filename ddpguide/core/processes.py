@@ -104,7 +104,8 @@ def ephemeral_port(host: str = "127.0.0.1") -> int:
     server this process starts at once; another program may take it later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def store_port() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Iterable, TypeVar
+from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ def current_rank() -> int:
         return 0
 
 
-def rank_print(*values: object, all_ranks: bool = False, **kwargs) -> None:
+def rank_print(*values: object, all_ranks: bool = False, **kwargs: Any) -> None:
     """Print with a ``[rank N]`` prefix; by default only rank 0 prints."""
     rank = current_rank()
     if all_ranks or rank == 0:
@@ -64,7 +64,7 @@ def get_logger(name: str = "ddpguide", level: int = logging.INFO) -> logging.Log
     return logger
 
 
-def progress(iterable: Iterable[T], enabled: bool | None = None, **kwargs) -> Iterable[T]:
+def progress(iterable: Iterable[T], enabled: bool | None = None, **kwargs: Any) -> Iterable[T]:
     """A tqdm progress bar on rank 0; the plain iterable elsewhere.
 
     By default the bar is drawn only when stderr is a terminal: a worker whose
@@ -78,4 +78,5 @@ def progress(iterable: Iterable[T], enabled: bool | None = None, **kwargs) -> It
 
     kwargs.setdefault("leave", False)
     kwargs.setdefault("dynamic_ncols", True)
-    return tqdm(iterable, **kwargs)
+    bar: Iterable[T] = tqdm(iterable, **kwargs)
+    return bar

@@ -175,12 +175,12 @@ class DistEnv:
         return self.rank == 0
 
     @classmethod
-    def single(cls) -> "DistEnv":
+    def single(cls) -> DistEnv:
         """The environment of a plain one-process run."""
         return cls()
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "DistEnv":
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
         """Read RANK, LOCAL_RANK, WORLD_SIZE, ... and check that they agree.
 
         RANK and WORLD_SIZE are required; the others default as for one node.

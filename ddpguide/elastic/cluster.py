@@ -223,7 +223,7 @@ class LocalCluster:
             self.store.kill()
             self.store.wait(10)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -4,8 +4,9 @@ Node A starts alone with 2 workers. After a few epochs node B joins (world
 size 4, training resumes from the checkpoint); later B leaves (back to 2);
 later one of A's workers is killed with SIGKILL and torchrun restarts the
 group. With ``strategy="fsdp"`` the workers shard the model with FSDP2 and
-every new group reshards the checkpoint the previous one saved. Every step is driven by what the workers report, not by a clock, so a
-slow machine gives the same story, only slower.
+every new group reshards the checkpoint the previous one saved. Every step is
+driven by what the workers report, not by a clock, so a slow machine gives the
+same story, only slower.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def balanced_split(block_times: Sequence[float], num_stages: int = 2) -> list[in
     for t in block_times:
         prefix.append(prefix[-1] + t)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def best(start: int, stages: int) -> tuple[float, tuple[int, ...]]:
         if stages == 1:
             return prefix[n] - prefix[start], ()

@@ -26,7 +26,7 @@ import datetime
 import math
 import os
 import re
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,7 @@ from torch.distributed.tensor.placement_types import Placement
 
 from ddpguide.core.runtime import select_runtime
 
-SBPLike = Union[Placement, str, Sequence[Union[Placement, str]]]
+SBPLike = Placement | str | Sequence[Placement | str]
 
 
 class SBPError(ValueError):

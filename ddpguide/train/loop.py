@@ -50,7 +50,7 @@ class TrainConfig:
     log: bool = True
     step_delay_s: float = 0.0     # sleep after each step: makes a toy run slow enough to watch
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ValueError with one clear sentence for a bad value."""
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")

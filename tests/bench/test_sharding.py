@@ -12,6 +12,7 @@ RATIOS = ("fsdp_state_over_ddp_4ranks", "fsdp_peak_over_ddp_4ranks", "zero1_stat
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.multiprocess
 def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     from ddpguide.bench.__main__ import main
 

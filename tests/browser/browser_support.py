@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from cdp_client import Chromium, Request, Tab
+
+from tests.browser.cdp_client import Chromium, Request, Tab
 
 ROOT = Path(__file__).absolute().parents[2]
 HTML = ROOT / "_build" / "html"

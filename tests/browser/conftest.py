@@ -13,12 +13,13 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-import cdp_client
 import psutil
 import pytest
-from browser_support import HTML, Visitor, serve, toc_pages, unavailable
-from cdp_client import Chromium
-from process_guard import guard, live_children
+
+from tests.browser import cdp_client
+from tests.browser.browser_support import HTML, Visitor, serve, toc_pages, unavailable
+from tests.browser.cdp_client import Chromium
+from tests.process_guard import guard, live_children
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

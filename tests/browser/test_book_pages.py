@@ -18,7 +18,8 @@ from html.parser import HTMLParser
 from urllib.parse import urlsplit
 
 import pytest
-from browser_support import (
+
+from tests.browser.browser_support import (
     PageReport,
     Visitor,
     dump,

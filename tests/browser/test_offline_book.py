@@ -18,9 +18,10 @@ from typing import Iterator
 
 import nbformat
 import pytest
-from browser_support import ROOT, Visitor, loading_problems, serve, unavailable
-from cdp_client import Chromium
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from tests.browser.browser_support import ROOT, Visitor, loading_problems, serve, unavailable
+from tests.browser.cdp_client import Chromium
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -68,7 +68,7 @@ def test_ring_trace_follows_the_schedule(spawned, world):
         after_reduce_scatter = states[rank][world - 1].view(world, per_chunk)
         owned = (rank + 1) % world  # the chunk this rank has fully reduced
         assert torch.all(after_reduce_scatter[owned] == total)
-        for step, (phase, _, received) in enumerate(collectives.ring_steps(world, rank), 1):
+        for step, (_, _, received) in enumerate(collectives.ring_steps(world, rank), 1):
             changed = (states[rank][step] != states[rank][step - 1]).view(world, per_chunk)
             assert changed.any(dim=1).nonzero().flatten().tolist() == [received], (rank, step)
 

@@ -186,9 +186,8 @@ def test_sigkill_at_any_moment_of_a_write_leaves_a_loadable_checkpoint(tmp_path)
 @pytest.mark.timeout(180)
 def test_resuming_after_an_interruption_gives_the_uninterrupted_result(tmp_path):
     """Stop after epoch 2 (as a kill after that checkpoint would), resume to 5: same weights."""
-    from checkpoint_workers import train_toy
-
     from ddpguide.launch.spawn import spawn
+    from tests.core.checkpoint_workers import train_toy
 
     checkpoint = str(tmp_path / "ckpt.pt")
     whole = spawn(train_toy, 2, 5, echo=False, timeout=120)

@@ -12,7 +12,6 @@ import warnings
 
 import pytest
 import torch
-from file_snapshot import snapshot
 
 from ddpguide.core.checkpoint import (
     CheckpointError,
@@ -24,6 +23,7 @@ from ddpguide.core.checkpoint import (
     training_state,
 )
 from ddpguide.core.models import ToyModel
+from tests.file_snapshot import snapshot
 
 
 def _state(epoch: int) -> dict:

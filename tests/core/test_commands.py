@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-from file_snapshot import snapshot
 
 from ddpguide.core.commands import (
     InputError,
@@ -18,6 +17,7 @@ from ddpguide.core.commands import (
     positive_float,
     write_atomically,
 )
+from tests.file_snapshot import snapshot
 
 
 @pytest.mark.parametrize("parse, text, message", [

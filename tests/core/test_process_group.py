@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from group_workers import leave_and_rejoin
 
 from ddpguide.core.process_group import DEFAULT_TIMEOUT_S
 from ddpguide.launch.spawn import spawn
+from tests.core.group_workers import leave_and_rejoin
 
 TIMEOUT_S = 2.0
 

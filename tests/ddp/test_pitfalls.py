@@ -46,6 +46,7 @@ def test_forgotten_destroy_breaks_the_next_run_in_the_same_process():
     assert not dist.is_initialized()  # the check cleans up after itself
 
 
+@pytest.mark.multiprocess
 def test_loader_workers_need_a_generator_per_rank():
     finding = pitfalls_data.check_worker_seeds(world_size=2, num_workers=2)
     assert finding.shown
@@ -57,6 +58,7 @@ def test_loader_workers_need_a_generator_per_rank():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_every_rank_prints_and_saves_unless_guarded(capsys):
     finding = pitfalls.check_printing_and_saving(world_size=2)
     assert finding.shown
@@ -69,6 +71,7 @@ def test_every_rank_prints_and_saves_unless_guarded(capsys):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_evaluation_on_rank_zero_only_times_out_with_one_line():
     finding = pitfalls.check_rank0_only_evaluation(world_size=2, timeout_s=2.0)
     assert finding.shown
@@ -80,6 +83,7 @@ def test_evaluation_on_rank_zero_only_times_out_with_one_line():
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.multiprocess
 def test_evaluate_counts_each_sample_once_on_one_two_and_three_ranks():
     size = 11
     finding = pitfalls_data.check_evaluation_count(world_sizes=(1, 2, 3), dataset_size=size)
@@ -99,6 +103,7 @@ def test_evaluate_counts_each_sample_once_on_one_two_and_three_ranks():
     assert [counts[w]["padded_total"] for w in (1, 2, 3)] == [11, 12, 12]
 
 
+@pytest.mark.multiprocess
 def test_ranks_seeded_differently_get_rank_zeros_weights_from_ddp():
     finding = pitfalls_data.check_ddp_broadcast(world_size=2)
     assert finding.details == {"differed_before": True, "equal_after": True}

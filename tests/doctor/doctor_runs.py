@@ -58,7 +58,7 @@ def finish(processes: list[subprocess.Popen], timeout_s: float) -> list[Finished
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 out, err = process.communicate()
-                raise AssertionError(f"{process.args} did not finish within {timeout_s} s:\n{out}\n{err}")
+                raise AssertionError(f"{process.args} did not finish within {timeout_s} s:\n{out}\n{err}") from None
             results.append(Finished(process.returncode, out, err, time.monotonic() - started))
     finally:
         for process in processes:

@@ -20,6 +20,7 @@ from ddpguide.elastic.report import RunLog
     (["--step-delay", "-0.1"], ("error: --step-delay -0.1: must be a number of seconds from 0 "
                                 "to 1 (each phase of the demo has a time limit)")),
 ])
+@pytest.mark.multiprocess
 def test_run_cli_shows_a_bad_argument_and_its_exit_code(args, line):
     lines: list[str] = []
     assert run_cli(args, timeout_s=50, echo=lines.append) == 2
@@ -27,6 +28,7 @@ def test_run_cli_shows_a_bad_argument_and_its_exit_code(args, line):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_run_cli_kills_what_outlives_its_time_limit():
     lines: list[str] = []
     started = time.monotonic()

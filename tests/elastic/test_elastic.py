@@ -101,6 +101,7 @@ def test_demo_joins_leaves_crashes_and_finishes_every_epoch_once(tmp_path):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("external_store", [False, True], ids=["store-in-node-A", "separate-store"])
+@pytest.mark.multiprocess
 def test_losing_the_store_host_ends_the_job_unless_the_store_is_separate(external_store):
     from ddpguide.elastic.failover import lose_store_host
 
@@ -246,6 +247,7 @@ def test_a_port_held_by_a_c10d_store_is_joined_not_refused():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.multiprocess
 def test_workers_die_with_their_agent(tmp_path):
     """SIGKILL of the agent alone (not its tree) takes the forkserver and every worker along."""
     from ddpguide.elastic.cluster import LocalCluster
@@ -268,6 +270,7 @@ def test_workers_die_with_their_agent(tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_waiting_for_the_store_reports_an_agent_that_exited_at_once(tmp_path):
     from ddpguide.elastic.cluster import LocalCluster
 

@@ -9,6 +9,7 @@ from ddpguide.launch.torchrun import processes_of_launch
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.multiprocess
 def test_the_late_agent_joins_and_every_epoch_runs_once():
     run = run_join(epochs=24, epoch_seconds=0.4, timeout=200)
     facts = check_join(run)

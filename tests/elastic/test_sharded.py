@@ -180,6 +180,7 @@ def test_a_strategy_built_in_code_is_checked_too():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_the_demo_refuses_an_unknown_strategy(tmp_path):
     lines: list[str] = []
     assert run_cli(["--strategy", "zero3", "--workdir", str(tmp_path / "run")], timeout_s=50,
@@ -192,6 +193,7 @@ def test_the_demo_refuses_an_unknown_strategy(tmp_path):
 # -- the demo -----------------------------------------------------------------
 
 @pytest.mark.timeout(330)
+@pytest.mark.multiprocess
 def test_the_sharded_demo_reshards_at_every_change_and_runs_every_epoch_once(tmp_path):
     report_path, workdir = tmp_path / "report.json", tmp_path / "run"
     lines: list[str] = []

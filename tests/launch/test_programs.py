@@ -29,6 +29,7 @@ def fake_programs(tmp_path, monkeypatch):
     return folder
 
 
+@pytest.mark.multiprocess
 def test_a_program_runs_alone_in_a_fresh_folder_with_the_readers_command(fake_programs, capsys):
     done = programs.run("hello.py", "--epochs", "2")
     assert done.command == "python hello.py --epochs 2"
@@ -36,6 +37,7 @@ def test_a_program_runs_alone_in_a_fresh_folder_with_the_readers_command(fake_pr
     assert capsys.readouterr().out.splitlines()[0] == "$ python hello.py --epochs 2"
 
 
+@pytest.mark.multiprocess
 def test_an_unexpected_exit_status_raises_with_the_output(fake_programs):
     with pytest.raises(programs.ProgramFailed, match=r"`python fails.py` exited with 3 "
                                                      r"\(expected 0\):\nabout to fail"):
@@ -44,6 +46,7 @@ def test_an_unexpected_exit_status_raises_with_the_output(fake_programs):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.multiprocess
 def test_a_program_past_its_time_is_killed_with_everything_it_started(fake_programs):
     started = time.monotonic()
     with pytest.raises(programs.ProgramTimeout, match="did not finish within 3 s"):
@@ -67,6 +70,7 @@ def test_an_unknown_program_is_named(fake_programs):
         programs.show("nope.py")
 
 
+@pytest.mark.multiprocess
 def test_checks_and_text_leave_out_torchruns_own_log_lines(fake_programs):
     (fake_programs / "checks.py").write_text(
         "import sys\n"

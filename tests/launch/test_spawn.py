@@ -6,9 +6,9 @@ import time
 
 import psutil
 import pytest
-import spawn_workers
 
 from ddpguide.launch.spawn import SpawnTimeout, WorkerError, _check_arguments, spawn
+from tests.launch import spawn_workers
 
 
 def _running_children() -> set[int]:
@@ -90,7 +90,7 @@ BAD_ARGUMENTS = [
     # (args, kwargs, the exact ValueError message)
     (("not a function", 2), {}, "fn must be callable, got 'not a function'"),
     ((lambda: 1, 2), {}, "fn must be defined at the top level of a module, so that the ranks "
-                         "can import it; got test_spawn.<lambda>"),
+                         "can import it; got tests.launch.test_spawn.<lambda>"),
     ((spawn_workers.report, 0), {}, "world_size must be a positive integer, got 0"),
     ((spawn_workers.report, True), {}, "world_size must be a positive integer, got True"),
     ((spawn_workers.report, 2.0), {}, "world_size must be a positive integer, got 2.0"),

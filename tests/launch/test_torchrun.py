@@ -35,6 +35,7 @@ def _assert_nothing_left(*launch_ids: str) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_standalone_two_workers_train_and_the_loss_falls(tmp_path):
     summary_path = tmp_path / "run.json"
     run = agents.run_torchrun(
@@ -58,6 +59,7 @@ def test_standalone_two_workers_train_and_the_loss_falls(tmp_path):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_static_two_nodes_reproduce_the_seed_table():
     nodes = tr.two_nodes_static(nproc_per_node=2, timeout=120)
     _assert_nothing_left(*(r.launch_id for r in nodes.runs))
@@ -82,6 +84,7 @@ def test_static_two_nodes_reproduce_the_seed_table():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_c10d_rendezvous_assigns_a_valid_layout():
     nodes = tr.two_nodes_c10d(nproc_per_node=2, timeout=120)
     _assert_nothing_left(*(r.launch_id for r in nodes.runs))
@@ -113,6 +116,7 @@ def test_c10d_rendezvous_assigns_a_valid_layout():
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.multiprocess
 def test_a_crashing_worker_is_reported_through_its_error_file():
     crash = tr.crash_demo(nproc_per_node=2, crash_rank=1, timeout=120)
     _assert_nothing_left(crash.run.launch_id)
@@ -136,6 +140,7 @@ def test_a_crashing_worker_is_reported_through_its_error_file():
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.multiprocess
 def test_a_hanging_launch_is_stopped_with_all_its_workers(tmp_path):
     # two workers that say they started, then hang; the agent never finishes by itself
     agent = agents.Agent("hang", ("--standalone", "--nproc-per-node=2"), "sh",
@@ -148,6 +153,7 @@ def test_a_hanging_launch_is_stopped_with_all_its_workers(tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.multiprocess
 def test_a_taken_master_port_is_reported_as_eaddrinuse():
     import socket
 

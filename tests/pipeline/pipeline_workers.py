@@ -64,7 +64,7 @@ def exchange_activations(cases: list[tuple]) -> list[torch.Tensor]:
             tensor = p2p_activation(index, shape, dtype, transposed)
             keep.append(tensor)
             pending += send_activation(tensor, peer)
-    for shape, dtype, _ in cases:
+    for _, dtype, _ in cases:
         received.append(recv_activation(peer, device, dtype))
         if rank == 1:
             keep.append(received[-1] * 2)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pipeline_workers import P2P_CASES, exchange_activations, p2p_activation
 
 from ddpguide.launch.spawn import spawn
 from ddpguide.pipeline.p2p import send_activation
+from tests.pipeline.pipeline_workers import P2P_CASES, exchange_activations, p2p_activation
 
 
 @pytest.mark.timeout(150)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from pipeline_workers import build_schedules
 
 from ddpguide.launch.spawn import spawn
 from ddpguide.pipeline.schedules import check_equal_microbatches
+from tests.pipeline.pipeline_workers import build_schedules
 
 COLLECTIVE_TIMEOUT_S = 60
 

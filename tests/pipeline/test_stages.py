@@ -196,6 +196,7 @@ def test_time_blocks_gives_one_positive_time_per_block(data):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.multiprocess
 def test_benchmark_reports_the_promised_ratios(tmp_path):
     from ddpguide.bench import pipeline as bench
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from programs_support import PYTHON, check_ok, copy_program, run
+
+from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ import re
 
 import pytest
 import torch
-from programs_support import (
+from torch.utils.data import DataLoader
+
+from tests.programs.programs_support import (
     PYTHON,
     check_ok,
     copy_program,
@@ -16,7 +18,6 @@ from programs_support import (
     parse_error,
     run,
 )
-from torch.utils.data import DataLoader
 
 STEPS_PER_EPOCH = math.ceil(math.ceil(1437 / 2) / 32)  # DistributedSampler pads to 719 per rank
 
@@ -80,6 +81,7 @@ def first_noise_of_each_worker(program, rank: int, worker_init_fn) -> list[torch
     return images[:2]  # batches go to the workers in turn: worker 0, then worker 1
 
 
+@pytest.mark.multiprocess
 def test_worker_init_fn_gives_every_worker_of_every_rank_its_own_noise(tmp_path):
     program = load_program(copy_program("amp_ddp.py", tmp_path))
     seeded = [noise for rank in (0, 1)

@@ -8,7 +8,8 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
-from programs_support import (
+
+from tests.programs.programs_support import (
     PYTHON,
     check_ok,
     copy_program,

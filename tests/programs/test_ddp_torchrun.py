@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from programs_support import (
+
+from tests.programs.programs_support import (
     PROGRAMS,
     TORCHRUN,
     check_ok,

@@ -87,6 +87,7 @@ def test_every_program_imports_only_torch_and_the_standard_library():
         assert imported <= allowed, (program.name, imported - allowed)
 
 
+@pytest.mark.multiprocess
 def test_wrong_shape_times_out_and_detail_names_op_shapes_and_ranks(runs):
     plain = runs["shape"]
     assert plain.returncode == 1
@@ -104,6 +105,7 @@ def test_wrong_shape_times_out_and_detail_names_op_shapes_and_ranks(runs):
         assert f"Tensor Tensor shapes: {mine}vs {theirs}" in message
 
 
+@pytest.mark.multiprocess
 def test_skipped_collective_times_out_and_detail_describes_each_rank(runs):
     plain = runs["skip"]
     assert plain.returncode == 1
@@ -117,6 +119,7 @@ def test_skipped_collective_times_out_and_detail_describes_each_rank(runs):
     assert "but Rank 0 is running collective: CollectiveFingerPrint(SequenceNumber=0OpType=GATHER)" in last(detail, 1)
 
 
+@pytest.mark.multiprocess
 def test_monitored_barrier_names_the_missing_rank(runs):
     missing = runs["missing"]
     assert missing.returncode == 1
@@ -124,6 +127,7 @@ def test_monitored_barrier_names_the_missing_rank(runs):
     assert rank_lines(missing, 1) == ["[rank 1] loading a shard that never comes..."]
 
 
+@pytest.mark.multiprocess
 def test_flight_records_show_where_the_ranks_parted(runs):
     assert runs["desync"].returncode == 1
     records = {r: pickle.loads((runs["folder"] / "fr" / f"rank_{r}").read_bytes()) for r in (0, 1)}
@@ -139,6 +143,7 @@ def test_flight_records_show_where_the_ranks_parted(runs):
     assert {e["state"] for rec in records.values() for e in rec["entries"]} == {"scheduled"}
 
 
+@pytest.mark.multiprocess
 def test_flight_recorder_size_is_torch_fr_buffer_size(runs):
     def sequence_ids(folder: str, rank: int) -> list[int]:
         record = pickle.loads((runs["folder"] / folder / f"rank_{rank}").read_bytes())
@@ -147,6 +152,7 @@ def test_flight_recorder_size_is_torch_fr_buffer_size(runs):
     assert (sequence_ids("fr0", 0), sequence_ids("fr0", 1)) == ([], [])          # off
 
 
+@pytest.mark.multiprocess
 def test_unused_parameter_error_names_them_and_both_fixes_train(runs):
     plain = runs["unused"]
     assert plain.returncode == 1
@@ -170,6 +176,7 @@ def test_unused_parameter_error_names_them_and_both_fixes_train(runs):
             assert len(rank_lines(run, rank)) == 4
 
 
+@pytest.mark.multiprocess
 def test_forward_on_one_rank_hangs_in_backward_until_the_timeout(runs):
     run = runs["one rank"]
     assert run.returncode == 1
@@ -178,6 +185,7 @@ def test_forward_on_one_rank_hangs_in_backward_until_the_timeout(runs):
     assert TIMED_OUT in last(run, 0) + last(run, 1)
 
 
+@pytest.mark.multiprocess
 def test_uneven_inputs_hang_and_join_fixes_them(runs):
     run = runs["uneven"]
     assert run.returncode == 1
@@ -189,6 +197,7 @@ def test_uneven_inputs_hang_and_join_fixes_them(runs):
     assert all(last(joined, rank).startswith(f"[rank {rank}] done after") for rank in (0, 1))
 
 
+@pytest.mark.multiprocess
 def test_crashing_worker_leaves_its_traceback_and_torchrun_names_the_root_cause(runs):
     run, folder = runs["crash"], runs["folder"]
     assert run.returncode == 1
@@ -205,9 +214,11 @@ def test_crashing_worker_leaves_its_traceback_and_torchrun_names_the_root_cause(
     assert "  ValueError: batch 3 of rank 1 has no labels" in root
     assert run.root_cause["message"]["message"] == "ValueError: batch 3 of rank 1 has no labels"
     # without @record there is no error file: every other program shows torchrun's hint instead
-    assert "traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html" in runs["shape"].output
+    assert ("traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+            in runs["shape"].output)
 
 
+@pytest.mark.multiprocess
 def test_py_spy_shows_every_rank_waiting_in_recv():
     marker = uuid.uuid4().hex
     done: list = []
@@ -233,7 +244,7 @@ def test_py_spy_shows_every_rank_waiting_in_recv():
     if not all(attached for attached, _ in stacks.values()):
         pytest.skip(f"py-spy cannot attach here: {next(t for a, t in stacks.values() if not a)}")
     recv_line = line_number("deadlock.py", "dist.recv(received")
-    for attached, text in stacks.values():
+    for _, text in stacks.values():
         assert "recv (torch/distributed/distributed_c10d.py:" in text
         assert f"exchange (deadlock.py:{recv_line})" in text
         assert "main (deadlock.py:" in text

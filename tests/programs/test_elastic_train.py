@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from programs_support import (
+
+from ddpguide.core.processes import store_port as free_port
+from tests.programs.programs_support import (
     PYTHON,
     TORCHRUN,
     copy_program,
@@ -20,8 +22,6 @@ from programs_support import (
     run,
     start,
 )
-
-from ddpguide.core.processes import store_port as free_port
 
 EPOCHS, EPOCH_SECONDS = 30, 0.4  # about 11 s for the second agent to join
 # The tuned values of the chapter (FACTS: a restart in seconds instead of tens of seconds).

@@ -6,7 +6,8 @@ import json
 
 import pytest
 import torch
-from programs_support import PYTHON, check_ok, copy_program, load_program, run
+
+from tests.programs.programs_support import PYTHON, check_ok, copy_program, load_program, run
 
 
 def one_process_first_step(program, loss: str, lr: float) -> torch.Tensor:

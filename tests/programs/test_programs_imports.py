@@ -7,7 +7,8 @@ import ast
 import sys
 
 import pytest
-from programs_support import PROGRAMS
+
+from tests.programs.programs_support import PROGRAMS
 
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "sklearn"}
 NAMES = sorted(path.name for path in PROGRAMS.glob("*.py"))

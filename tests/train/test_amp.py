@@ -168,6 +168,7 @@ def test_bf16_training_tracks_fp32_within_tolerance(one_thread):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.multiprocess
 def test_bench_amp_quick_reports_both_precisions(tmp_path, capsys):
     from ddpguide.bench.__main__ import main
 

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 import torch
-from file_snapshot import snapshot
 
 from ddpguide.core.checkpoint import (
     kept_aside,
@@ -27,6 +26,7 @@ from ddpguide.core.models import ToyModel, build_model
 from ddpguide.launch.torchrun import LAUNCHER_VARIABLES, agent_environment
 from ddpguide.train import cli as train_cli
 from ddpguide.train import cli_inputs
+from tests.file_snapshot import snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
 QUICK = ["--epochs", "1", "--max-steps-per-epoch", "2", "--dataset", "digits", "--no-eval",

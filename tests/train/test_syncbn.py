@@ -115,6 +115,7 @@ def test_three_ranks_with_uneven_and_empty_shards():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.multiprocess
 def test_ddp_with_sync_bn_trains_like_one_process_on_the_whole_batch():
     # 2 ranks x 32 samples draw, step for step, the same 64 samples as one process
     # with batch 64. With synchronised BN the runs agree up to rounding; with the

@@ -71,7 +71,7 @@ def main() -> None:
               end="", flush=True)
     except RuntimeError as error:
         print(f"[rank {rank}] RuntimeError: {error}\n", end="", flush=True)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         dist.destroy_process_group()
 

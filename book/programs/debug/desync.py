@@ -64,7 +64,7 @@ def main() -> None:
               end="", flush=True)
         print(f"[rank {rank}] flight record written to {dump_flight_record(rank)}\n",
               end="", flush=True)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         dist.destroy_process_group()
 

@@ -42,7 +42,7 @@ def main() -> None:
     except RuntimeError as error:
         print(f"[rank {rank}] RuntimeError after {time.monotonic() - started:.1f} s: {error}\n",
               end="", flush=True)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         dist.destroy_process_group()
 

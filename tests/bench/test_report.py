@@ -1,7 +1,4 @@
-"""The report every suite returns: its table, its JSON, and the JSON read back.
-
-(Named apart from a future tests/elastic/test_report.py: basenames are unique.)
-"""
+"""The report every suite returns: its table, its JSON, and the JSON read back."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The doctor's parts, in this process: facts, rendezvous, collectives, report, local, worker.
 
-The command as a whole runs in subprocesses (test_doctor_cli.py); here each
+The command as a whole runs in subprocesses (test_main.py); here each
 module is called directly, on synthetic inputs whose answer is known.
 """
 

@@ -173,6 +173,7 @@ def test_unreadable_metadata_is_one_line(tmp_path):
     ("old_moved", [".checkpoint.saving-", "checkpoint.prev"], "checkpoint.prev", "A"),
     ("new_moved", ["checkpoint", "checkpoint.prev"], "checkpoint", "B"),
 ])
+@pytest.mark.multiprocess
 def test_sigkill_during_save_leaves_a_complete_checkpoint(tmp_path, point, entries, loaded_from, loaded):
     report = dcp_kill.kill_during_save(point, tmp_path, timeout=180)
     assert report["signal"] == -9

@@ -34,6 +34,7 @@ def expected_names(variants: list[str]) -> set[str]:
 
 
 @pytest.mark.timeout(660)
+@pytest.mark.multiprocess
 def test_quick_mode_reports_every_ratio_with_its_spread(tmp_path):
     assert bench_main(["ddp", "--quick", "--json", str(tmp_path / "ddp.json")]) == 0
     report = json.loads((tmp_path / "ddp.json").read_text())

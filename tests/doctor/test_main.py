@@ -8,9 +8,9 @@ import socket
 import sys
 
 import pytest
-from doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
 
 from ddpguide.core.processes import ephemeral_port as free_port
+from tests.doctor.doctor_runs import STARTUP_ALLOWANCE_S, by_hand, doctor, finish, start
 
 HOST = socket.gethostname()
 TIMEOUT = 5  # the doctor's --timeout in the failing cases

@@ -13,13 +13,13 @@ import subprocess
 import sys
 
 import pytest
-from file_snapshot import snapshot
 
 from ddpguide.bench import SUITES
 from ddpguide.bench import __main__ as bench_main
 from ddpguide.bench import pipeline as bench_pipeline
 from ddpguide.bench.report import Report
 from ddpguide.launch.torchrun import agent_environment
+from tests.file_snapshot import snapshot
 
 PROG = "python -m ddpguide.bench"
 PIPELINE = "python -m ddpguide.bench.pipeline"

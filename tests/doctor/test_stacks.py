@@ -8,6 +8,8 @@ import sys
 import time
 import uuid
 
+import pytest
+
 from ddpguide.doctor.stacks import dump_stack, find_workers, py_spy
 
 
@@ -23,6 +25,7 @@ def test_find_workers_by_marker_and_rank():
         child.wait()
 
 
+@pytest.mark.multiprocess
 def test_dump_stack_of_a_missing_process_says_why():
     assert py_spy() is not None, "py-spy is in requirements.txt"
     attached, text = dump_stack(2 ** 22 + 12345)  # above the default pid_max: never a process

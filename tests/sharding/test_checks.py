@@ -93,6 +93,7 @@ def test_unknown_part_is_refused():
         checks.check_parts(["memory", "speed"])
 
 
+@pytest.mark.multiprocess
 def test_check_equivalence_reports_and_asserts():
     rows = checks.check_equivalence(world_sizes=(2,), strategies=("zero3_hand", "fsdp2"))
     assert [r["compared"] for r in rows] == ["zero3_hand", "fsdp2", "zero3_hand vs fsdp2"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from doctor_runs import doctor
 
 from ddpguide.doctor.options import (
     DEFAULT_SIZES,
@@ -13,6 +12,7 @@ from ddpguide.doctor.options import (
     parse_options,
     parse_size,
 )
+from tests.doctor.doctor_runs import doctor
 
 
 def test_sizes_parse_with_binary_units():
@@ -45,7 +45,8 @@ def test_defaults_and_valid_options(tmp_path):
     (["--nproc", "0"], {}, "--nproc '0': must be a whole number from 1 to 64"),
     (["--nproc", "2"], {"RANK": "0"}, "--nproc '2': a launcher started this process (RANK=0); "
                                       "the launcher decides the number of ranks"),
-    (["--json", "/no/such/folder/r.json"], {}, "--json '/no/such/folder/r.json': folder '/no/such/folder' does not exist"),
+    (["--json", "/no/such/folder/r.json"], {},
+     "--json '/no/such/folder/r.json': folder '/no/such/folder' does not exist"),
     (["--colour"], {}, "unrecognized arguments: --colour"),
 ])
 def test_bad_options_are_one_line(argv, environ, message):
