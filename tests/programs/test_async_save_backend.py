@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from programs_support import PROGRAMS, load_program
+from tests.programs.programs_support import PROGRAMS, load_program
 from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
 
 REFUSAL = ("A CPU backend must be enabled for async save; try initializing process group with "

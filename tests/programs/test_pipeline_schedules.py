@@ -7,7 +7,7 @@ import re
 import sys
 
 import pytest
-from programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
+from tests.programs.programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
 
 from ddpguide.pipeline import zoo
 

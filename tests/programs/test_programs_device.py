@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from programs_support import PROGRAMS, load_program
+from tests.programs.programs_support import PROGRAMS, load_program
 
 from ddpguide.core.runtime import select_runtime
 
