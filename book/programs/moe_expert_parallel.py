@@ -156,7 +156,7 @@ def expert_parallel(layer, x, k, capacity_factor, group, world_tokens, exchange=
     to the loss), keep (which choices were not dropped) and the tokens each local
     expert received.
     """
-    experts, (tokens, hidden) = layer.experts, x.shape
+    experts, tokens = layer.experts, x.shape[0]
     ranks = dist.get_world_size(group)
     local = experts // ranks
     h = layer.norm(x)
@@ -335,7 +335,9 @@ def check_case(args, device, mesh, k, factor, aux_weight=0.01, lr=0.1):
     first_step = over_ranks(differences[0], device, dist.ReduceOp.MAX)
     after = over_ranks(trained, device, dist.ReduceOp.MAX)
     capacity = capacity_of(args.tokens, args.experts, k, factor)
-    ok = lambda good: "OK" if good else "FAILED"
+    def ok(good):
+        return "OK" if good else "FAILED"
+
     lines = [
         f"check: k={k}, capacity factor {factor:g} (capacity {capacity}): step 1 dropped "
         f"{total} of {n * k} choices; the same choices as one process, every step: {ok(same)}",

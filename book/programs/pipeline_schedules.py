@@ -151,7 +151,8 @@ def run_schedule(args, name, m, rank, mesh, device):
     stages = [PipelineStage(part, i, n_stages, device, group=mesh["pp"].get_group())
               for part, i in zip(parts, indices)]
     local = args.microbatch_size * m  # samples of this pipeline
-    mse = lambda out, target: (out - target).pow(2).sum() / (local * args.width)
+    def mse(out, target):
+        return (out - target).pow(2).sum() / (local * args.width)
 
     def loss_fn(out, target):  # saved tensors of the loss are not activations of a block
         with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):

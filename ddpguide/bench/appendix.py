@@ -83,13 +83,20 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "zb_bubble_over_1f1b_bubble": Anchor("InterleavedZeroBubble / 1F1B idle time, measured",
                                              "1/6 counted from the action lists (F = I = W)", "< 0.6"),
         "zbv_bubble_over_1f1b_bubble": Anchor("ZBVZeroBubble / 1F1B idle time, measured", "1/6 counted", "< 0.6"),
-        "bubble_measured_over_formula_GPipe": Anchor("GPipe: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_1F1B": Anchor("1F1B: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_Interleaved1F1B": Anchor("Interleaved1F1B: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_LoopedBFS": Anchor("LoopedBFS: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_InterleavedZeroBubble": Anchor("InterleavedZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_ZBVZeroBubble": Anchor("ZBVZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
-        "bubble_measured_over_formula_DualPipeV": Anchor("DualPipeV: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_GPipe": Anchor(
+            "GPipe: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_1F1B": Anchor(
+            "1F1B: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_Interleaved1F1B": Anchor(
+            "Interleaved1F1B: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_LoopedBFS": Anchor(
+            "LoopedBFS: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_InterleavedZeroBubble": Anchor(
+            "InterleavedZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_ZBVZeroBubble": Anchor(
+            "ZBVZeroBubble: idle/busy measured / counted", "", "0.9-1.1"),
+        "bubble_measured_over_formula_DualPipeV": Anchor(
+            "DualPipeV: idle/busy measured / counted", "", "0.9-1.1"),
     },
     "amp": {
         "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),

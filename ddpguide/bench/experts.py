@@ -125,8 +125,8 @@ def run(quick: bool = False) -> Report:
     say(f"ep2_tokens_per_s_over_single: {report.ratios['ep2_tokens_per_s_over_single']:.3f}")
     say(f"hot_expert_step_over_balanced: {report.ratios['hot_expert_step_over_balanced']:.3f}")
     report.notes.append(
-        f"bytes: dispatch + combine of a balanced router send T x hidden x 8 B x 2 x (N-1)/N per "
-        f"rank; the counts exchange adds (N-1) x E/N x 8 B"
+        "bytes: dispatch + combine of a balanced router send T x hidden x 8 B x 2 x (N-1)/N per "
+        "rank; the counts exchange adds (N-1) x E/N x 8 B"
         + (f"; at 4 ranks the ratio is {bytes_ratio[4]:.5f}" if 4 in bytes_ratio else "")
         + ". The backward pass moves the same token bytes again")
     report.notes.append(

@@ -195,7 +195,7 @@ class Heartbeat:
                 return
             self._stop.wait(self.period_s)
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._thread.start()
         return self
 

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ddpguide.doctor.sweep import bus_factor
 from ddpguide.doctor.options import format_size
+from ddpguide.doctor.sweep import bus_factor
 
 
 def new_report(world_size: int, master: str, timeout_s: float, launcher: str) -> dict[str, Any]:

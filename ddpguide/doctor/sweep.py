@@ -49,7 +49,7 @@ def summarize_sweep(per_rank: dict[int, list[dict[str, Any]]], world: int) -> li
     A collective ends at about the same time on every rank, so which rank took
     longest says nothing about a slow link: :func:`link_times` measures links.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
     if not per_rank:
         return rows
     for index, first in enumerate(next(iter(per_rank.values()))):
@@ -83,7 +83,7 @@ def link_times(size: int, device: torch.device, iterations: int = 5) -> dict[str
     times = {}
     passes = [("from_left", right, left), ("from_right", left, right)][:1 if world == 2 else 2]
     for name, target, source in passes:
-        def once() -> None:
+        def once(target: int = target, source: int = source) -> None:
             ops = [dist.P2POp(dist.isend, send, target), dist.P2POp(dist.irecv, received, source)]
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
@@ -102,7 +102,7 @@ def summarize_links(per_rank: dict[int, dict[str, float]], hosts: dict[int, str]
                     size: int) -> dict[str, Any]:
     """Every directed ring link with its bandwidth; the slowest, and whether it is too slow."""
     world = len(hosts)
-    links = []
+    links: list[dict[str, Any]] = []
     for rank, times in sorted(per_rank.items()):
         for name, source in (("from_left", (rank - 1) % world), ("from_right", (rank + 1) % world)):
             if name in times:

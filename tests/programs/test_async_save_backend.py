@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from tests.programs.programs_support import PROGRAMS, load_program
 from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
+
+from tests.programs.programs_support import PROGRAMS, load_program
 
 REFUSAL = ("A CPU backend must be enabled for async save; try initializing process group with "
            "'cpu:gloo,cuda:nccl'")

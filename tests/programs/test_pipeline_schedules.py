@@ -7,9 +7,9 @@ import re
 import sys
 
 import pytest
-from tests.programs.programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
 
 from ddpguide.pipeline import zoo
+from tests.programs.programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
 
 LINE = re.compile(r"\[rank (\d)\] (\S+) m=(\d+) stages ([\d,]+): max gradient difference (\S+)"
                   r"(?:, loss difference (\S+))?; peak activations (\S+) chunks")

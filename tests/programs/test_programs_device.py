@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from tests.programs.programs_support import PROGRAMS, load_program
 
 from ddpguide.core.runtime import select_runtime
+from tests.programs.programs_support import PROGRAMS, load_program
 
 TORCHRUN_PROGRAMS = sorted(
     path.name for path in PROGRAMS.glob("*.py") if "LOCAL_WORLD_SIZE" in path.read_text())
