@@ -26,8 +26,9 @@ ALLOWED = {
     "elastic": {"core", "launch", "train", "sharding"},
     "sharding": {"core", "launch", "collectives", "sbp", "train"},
     "doctor": {"core", "launch", "collectives"},
+    "context": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor"},
+              "sharding", "doctor", "context"},
 }
 
 
