@@ -14,6 +14,7 @@ SUITES = {
     "pipeline": "model and pipeline parallelism (chapter 5)",
     "amp": "mixed precision step time and memory (chapter 7)",
     "sharding": "ZeRO-1, FSDP2 and ZeRO-3 by hand against DDP: memory and step time (chapter 8)",
+    "context": "ring attention against full attention: time, memory, balance, bytes (chapter 11)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]
