@@ -1,4 +1,4 @@
-"""Context parallelism: ring attention by hand, the zig-zag split and Ulysses, against full attention.
+"""Context parallelism: ring attention by hand, zig-zag and Ulysses, against full attention.
 
 The sequence is split over the ranks (S(1) for q, k and v of shape batch, heads, sequence,
 head dim, sharded on dimension 2 of the tensor). Each variant is checked in float64 against
@@ -159,7 +159,7 @@ class RingAttention(torch.autograd.Function):
 
 
 def all_to_all(x, scatter_dim, gather_dim):
-    """Cut x in N pieces along scatter_dim, piece j to rank j; glue what arrives along gather_dim."""
+    """Cut x in N pieces along scatter_dim, piece j to rank j; join what arrives on gather_dim."""
     world = dist.get_world_size()
     send = torch.stack(x.chunk(world, dim=scatter_dim)).contiguous()
     recv = torch.empty_like(send)
@@ -191,7 +191,8 @@ def ulysses_attention(q, k, v, causal):
 def positions(rank, world, seq, split):
     """The global positions a rank holds, in the order it holds them."""
     chunk = seq // (world if split == "contiguous" else 2 * world)
-    return torch.cat([torch.arange(a * chunk, (a + 1) * chunk) for a in chunks_of(rank, world, split)])
+    return torch.cat([torch.arange(a * chunk, (a + 1) * chunk)
+                      for a in chunks_of(rank, world, split)])
 
 
 def check_variant(method, causal, full, args):
@@ -199,7 +200,8 @@ def check_variant(method, causal, full, args):
     rank, world = dist.get_rank(), dist.get_world_size()
     split = "zigzag" if method == "zigzag" else "contiguous"
     mine = positions(rank, world, args.seq, split)
-    q, k, v, dout = (t[:, :, mine].clone().requires_grad_(i < 3) for i, t in enumerate(full["inputs"]))
+    q, k, v, dout = (t[:, :, mine].clone().requires_grad_(i < 3)
+                     for i, t in enumerate(full["inputs"]))
     SENT["bytes"], WORK["blocks"] = 0, 0.0
     if method == "ulysses":
         out = ulysses_attention(q, k, v, causal)
@@ -242,7 +244,8 @@ def parse_args(argv=None):
         parser.error(f"--methods {','.join(args.methods)}: unknown {unknown[0]!r} "
                      f"(choose from {', '.join(METHODS)})")
     if "WORLD_SIZE" not in os.environ:
-        parser.error("start it with torchrun: torchrun --standalone --nproc-per-node=2 ring_attention.py")
+        parser.error("start it with torchrun: "
+                     "torchrun --standalone --nproc-per-node=2 ring_attention.py")
     if world < 2:
         parser.error(f"--nproc-per-node={world}: context parallelism splits the sequence over "
                      "2 ranks or more (use --nproc-per-node=2)")
