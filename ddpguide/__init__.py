@@ -19,6 +19,7 @@ chapter                         where its machinery lives
 8  sharded data parallelism     ``sharding``
 9  tensor parallelism, 2-D      ``sharding``
 10 when a job hangs             ``doctor`` (``python -m ddpguide.doctor``)
+11 context parallelism          ``context``
 12 mixture of experts           ``experts``
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)

@@ -27,9 +27,10 @@ ALLOWED = {
     "elastic": {"core", "launch", "train", "sharding"},
     "sharding": {"core", "launch", "collectives", "sbp", "train"},
     "doctor": {"core", "launch", "collectives"},
+    "context": {"core", "launch"},
     "experts": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "experts"},
+              "sharding", "doctor", "context", "experts"},
 }
 
 

@@ -27,6 +27,7 @@ RANKS = {
     "08_sharded_data_parallel": 4,
     "09_tensor_parallel": 4,
     "10_debugging": 2,  # its bug programs run on gloo whatever the machine; the doctor on 2
+    "11_context_parallel": 4,
     "12_mixture_of_experts": 4,
     "13_pipeline_schedules": 4,
     "appendix_measurements": 1,

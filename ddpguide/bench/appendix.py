@@ -112,6 +112,21 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "fsdp_step_over_ddp_2ranks": Anchor("FSDP2 / DDP step time, 2 ranks", "1.5 x DDP's bytes moved", ""),
         "hand_zero3_over_fsdp_2ranks": Anchor("ZeRO-3 by hand / FSDP2 step time, 2 ranks", "", "<= 1.2"),
     },
+    "context": {
+        "ring_over_full_time_2ranks": Anchor(
+            "ring attention on 2 ranks / full attention in 1 process, forward + backward time", "", ""),
+        "ring_peak_over_full_2ranks": Anchor(
+            "ring attention per rank / full attention, peak activation bytes, 2 ranks",
+            "(S/N)^2 / S^2 = 0.25 for the scores", "<= 0.55"),
+        "zigzag_busiest_over_mean": Anchor(
+            "head-tail split: busiest rank / mean, CPU time in block products, causal, 4 ranks",
+            "1.00 counted", "<= 1.02"),
+        "contiguous_busiest_over_mean": Anchor(
+            "contiguous split: the same",
+            "(2N-1)/N = 1.75 counted; 2N/(N+1) = 1.6 with whole diagonal blocks", ""),
+        "ulysses_bytes_over_ring_bytes": Anchor(
+            "bytes sent per rank, Ulysses / ring, forward + backward, 4 ranks", "8(N-1)/N / (6N-4) = 0.3", "= 0.3"),
+    },
     "experts": {
         "ep2_tokens_per_s_over_single": Anchor("EP 2 ranks / 1 process, tokens per second, same batch",
                                                "2.0 if the all-to-alls were free (2 cores)", ""),

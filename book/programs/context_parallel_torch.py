@@ -1,0 +1,90 @@
+"""PyTorch's own context parallelism (torch.distributed.tensor.experimental.context_parallel).
+
+Inside the context, q, k and v are cut along the sequence (dimension 2) over the mesh, the
+head-tail (zig-zag) split when the attention is causal, and every call of
+F.scaled_dot_product_attention becomes a ring over the ranks. The program compares the
+output and the gradients with full attention on the whole sequence in one process.
+
+On CPU it stops with the library's error (printed in one line, exit status 1): the ring is
+written for the GPU kernels of SDPA only (flash, memory-efficient, cuDNN).
+
+Run:  torchrun --standalone --nproc-per-node=2 context_parallel_torch.py
+      torchrun --standalone --nproc-per-node=2 context_parallel_torch.py --math
+                (SDPA's math kernel forced: composite operations on sharded tensors)
+
+Source: PyTorch's context-parallel tutorial (unstable), checked here on the backward too.
+"""
+
+import contextlib
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
+from torch.distributed.tensor.experimental._attention import (
+    _HeadTailLoadBalancer,  # the head-tail split that context_parallel uses for causal attention
+    context_parallel_unshard,
+)
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BATCH, HEADS, SEQ, HEAD_DIM = 1, 4, 64, 16
+
+
+def main():
+    kernel = (sdpa_kernel(SDPBackend.MATH) if "--math" in sys.argv[1:]
+              else contextlib.nullcontext())  # without --math: the kernel SDPA picks
+    if set(sys.argv[1:]) - {"--math"}:
+        print(f"unknown argument {(set(sys.argv[1:]) - {'--math'}).pop()!r} (the only option "
+              "is --math)", file=sys.stderr)
+        return 2
+    if "WORLD_SIZE" not in os.environ:
+        print("start it with torchrun: torchrun --standalone --nproc-per-node=2 "
+              "context_parallel_torch.py", file=sys.stderr)
+        return 2
+    use_gpu = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
+    device = "cuda" if use_gpu else "cpu"
+    if use_gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if use_gpu else "gloo", timeout=datetime.timedelta(seconds=60))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(device, (world,))
+    dtype = torch.bfloat16 if use_gpu else torch.float64  # the GPU kernels take no float64
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(BATCH, HEADS, SEQ, HEAD_DIM, generator=generator).to(device, dtype)
+                     for _ in range(4))
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*full, is_causal=True)
+    expected.backward(dout)
+    # The buffers are resized in place to this rank's shard (and back at the end): tensors
+    # without autograd history; the leaves that need gradients are made inside.
+    shards = [t.clone() for t in (q, k, v, dout)]
+    try:
+        with context_parallel(mesh, buffers=shards, buffer_seq_dims=[2, 2, 2, 2]):
+            mine = [t.detach().requires_grad_() for t in shards[:3]]
+            with kernel:
+                out = F.scaled_dot_product_attention(*mine, is_causal=True)
+            out.backward(shards[3])
+            local = [out.detach(), *(t.grad for t in mine)]
+    except Exception as error:  # noqa: BLE001 -- the library's error is the lesson on CPU
+        if dist.get_rank() == 0:
+            print(f"context_parallel on {device}: {type(error).__name__}: {error}", flush=True)
+        dist.destroy_process_group()
+        return 1
+    balancer = _HeadTailLoadBalancer(SEQ, world, torch.device(device))
+    whole = context_parallel_unshard(mesh, local, [2, 2, 2, 2], load_balancer=balancer)
+    worst = torch.tensor([(a.float() - b.float()).abs().max().item() for a, b in
+                          zip(whole, (expected, *(t.grad for t in full)))], device=device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    if dist.get_rank() == 0:
+        print(f"{world} ranks, {dtype}: max |context_parallel - full| out, dq, dk, dv: "
+              f"{[f'{x:.1e}' for x in worst.tolist()]}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The ring-attention program, run as the chapter runs it (torchrun, a copy alone in a folder):
+every variant equals full attention, and its counts equal the formulas."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpguide.context.program import (
+    busiest_over_mean,
+    bytes_formula,
+    contiguous_imbalance,
+    load,
+    parse_output,
+    work_per_rank,
+)
+from ddpguide.launch.programs import PROGRAMS, run, torchrun
+
+BATCH, HEADS, SEQ, HEAD_DIM = 1, 12, 48, 8  # the program's defaults
+METHODS = ("ring", "zigzag", "ulysses")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_variant_equals_full_attention_and_counts_meet_the_formulas(world):
+    launch = run("ring_attention.py", launcher=torchrun(world), timeout=300, expect=None,
+                 echo=False)
+    assert launch.returncode == 0, launch.text()
+    lines = launch.program_lines()
+    assert (f"{world} ranks (gloo), batch {BATCH}, {HEADS} heads, sequence {SEQ}, "
+                        f"head dim {HEAD_DIM}, float64") in lines
+    report = parse_output(lines)
+    assert report["checks"] == {(m, causal): True for m in METHODS for causal in (False, True)}
+    assert "all checks passed" in lines
+    # work, as the program counted it while computing, against the chunking rule and formulas
+    assert report["work"]["ring"] == work_per_rank(world, "contiguous") == [
+        r + 0.5 for r in range(world)]
+    assert busiest_over_mean(report["work"]["ring"]) == pytest.approx(contiguous_imbalance(world))
+    assert report["work"]["zigzag"] == work_per_rank(world, "zigzag") == [world / 2] * world
+    local = BATCH * HEADS * (SEQ // world) * HEAD_DIM * 8  # bytes of one of q, k, v per rank
+    for method in METHODS:
+        assert report["bytes"][method] == [bytes_formula(method, world, local)] * world
+
+
+def test_without_the_mask_every_rank_does_every_block():
+    assert work_per_rank(3, "contiguous", causal=False) == [3.0] * 3
+    assert work_per_rank(3, "zigzag", causal=False) == [3.0] * 3
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    shutil.copy(PROGRAMS / "ring_attention.py", tmp_path / "ring_attention.py")
+    return tmp_path
+
+
+REFUSALS = [
+    ([], {}, "start it with torchrun: torchrun --standalone --nproc-per-node=2 ring_attention.py"),
+    ([], {"WORLD_SIZE": "1", "RANK": "0"},
+     "--nproc-per-node=1: context parallelism splits the sequence over 2 ranks or more "
+     "(use --nproc-per-node=2)"),
+    (["--seq", "50"], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--seq 50: the zig-zag split cuts it into 2 x 3 = 6 chunks, and 50 does not divide evenly "
+     "(no padding: use a multiple of 6)"),
+    (["--seq", "50", "--methods", "ring"], {"WORLD_SIZE": "4", "RANK": "0"},
+     "--seq 50: it is split into 4 blocks, and 50 does not divide evenly "
+     "(no padding: use a multiple of 4)"),
+    (["--heads", "4"], {"WORLD_SIZE": "3", "RANK": "0"},
+     "--heads 4: Ulysses gives each of the 3 ranks whole heads, and 4 do not divide evenly "
+     "(use a multiple of 3, or --methods ring,zigzag)"),
+    (["--methods", "ring,flash"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--methods ring,flash: unknown 'flash' (choose from ring, zigzag, ulysses)"),
+    (["--seq", "0"], {"WORLD_SIZE": "2", "RANK": "0"}, "--seq 0: must be at least 1"),
+    (["--seq", "many"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "argument --seq: invalid int value: 'many'"),
+    (["--heads", "4"], {"WORLD_SIZE": "3", "RANK": "1"}, ""),  # only rank 0 says it
+]
+
+
+def parse_error(args, env, monkeypatch, capsys) -> str:
+    """The program's argument check, in this process: it must exit 2 and print only on stderr."""
+    program = load()
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        program.parse_args(args)
+    captured = capsys.readouterr()
+    assert (stopped.value.code, captured.out) == (2, "")
+    return captured.err
+
+
+@pytest.mark.parametrize("args, env, message", REFUSALS)
+def test_bad_input_is_one_line_and_exit_2(args, env, message, monkeypatch, capsys):
+    assert parse_error(args, env, monkeypatch, capsys) == (message + "\n" if message else "")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args, env, message", [REFUSALS[0], REFUSALS[4]])
+def test_the_program_refuses_before_any_process_group_and_writes_nothing(copy, args, env, message):
+    """As a reader (or a rank that torchrun started) runs it."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    done = subprocess.run([sys.executable, "ring_attention.py", *args], cwd=copy, text=True,
+                          capture_output=True, timeout=150, env={**clean, **env})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    assert sorted(p.name for p in copy.iterdir()) == ["ring_attention.py"]  # nothing written
