@@ -71,13 +71,13 @@ def scores(q, k, diagonal):
     return s
 
 
-def merge_block(q, k, v, diagonal, m, l, acc):
-    """Fold one block of keys and values into the running softmax of q (m, l, acc in place)."""
+def merge_block(q, k, v, diagonal, m, total, acc):
+    """Fold one block of keys and values into the running softmax of q (m, total, acc in place)."""
     s = scores(q, k, diagonal)
     m_new = torch.maximum(m, s.amax(-1))
     p = torch.exp(s - m_new.unsqueeze(-1))
     correction = torch.exp(m - m_new)  # what the old max was worth against the new one
-    l.mul_(correction).add_(p.sum(-1))
+    total.mul_(correction).add_(p.sum(-1))
     acc.mul_(correction.unsqueeze(-1)).add_(p @ v)
     m.copy_(m_new)
 
@@ -94,7 +94,7 @@ def ring_forward(q, k, v, split, causal):
     mine = chunks_of(rank, world, split)
     c = q.shape[2] // len(mine)  # positions per chunk
     m = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
-    l, acc = torch.zeros_like(m), torch.zeros_like(q)
+    total, acc = torch.zeros_like(m), torch.zeros_like(q)
     held = (k, v)
     for step in range(world):
         if step < world - 1:
@@ -103,12 +103,12 @@ def ring_forward(q, k, v, split, causal):
         for i, j, diagonal in block_pairs(mine, theirs, causal):
             rows, cols = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
             merge_block(q[:, :, rows], held[0][:, :, cols], held[1][:, :, cols], diagonal,
-                        m[..., rows], l[..., rows], acc[:, :, rows])
+                        m[..., rows], total[..., rows], acc[:, :, rows])
             WORK["blocks"] += (0.5 if diagonal else 1.0) * (c / q.shape[2]) ** 2
         if step < world - 1:
             wait(requests)
             held = tuple(incoming)
-    return acc / l.unsqueeze(-1), m + l.log()
+    return acc / total.unsqueeze(-1), m + total.log()
 
 
 def ring_backward(q, k, v, out, lse, dout, split, causal):
