@@ -9,7 +9,9 @@ A suite wraps its work in :func:`tracked` and counts its cases through it::
     return report
 
 * the bar (``tqdm``, on stderr) names the case it is on, how many remain and an estimate;
-* every ``report.add`` inside the block is printed on stderr as soon as it is made;
+* every ``report.add`` inside the block is printed on stderr as soon as it is made, and so is
+  every ``progress.figure(name, value, unit)``: the raw numbers of a suite that builds its
+  report only at the end;
 * Ctrl-C (``KeyboardInterrupt``) prints what was measured so far, as a table on stdout,
   and then propagates; ``python -m ddpguide.bench`` turns it into exit status 130.
 
@@ -66,22 +68,22 @@ class SuiteProgress:
         self.stream = stream if stream is not None else sys.stderr
         self.out = out if out is not None else sys.stdout
         self.done = 0
-        #: Figures reported by worker processes, in order (kept for an interrupted run).
-        self.worker_figures: list[Measurement] = []
+        #: Figures given to :meth:`figure` or by worker processes, in order: the raw numbers a
+        #: suite builds its report from at the end (kept for an interrupted run).
+        self.figures: list[Measurement] = []
         self.bar: tqdm | None = None
         self._channel: str | None = None
         self._read = 0
         self._stop = threading.Event()
         self._reader: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # advance() holds it while it calls figure()
 
     # -- counting --------------------------------------------------------------------------
     def advance(self, case: str, figures: Iterable[tuple[str, float, str]] = ()) -> None:
         """One case finished (``case`` names it on the bar); print its figures."""
         with self._lock:
             for name, value, unit in figures:
-                self.worker_figures.append(Measurement(name, float(value), unit))
-                self.bar.write(format_figure(name, value, unit), file=self.stream)
+                self.figure(name, value, unit)
             self.done += 1
             self.bar.set_postfix_str(case, refresh=False)
             self.bar.update(1)
@@ -100,6 +102,12 @@ class SuiteProgress:
                 yield item
 
     # -- figures made in this process ------------------------------------------------------
+    def figure(self, name: str, value: float, unit: str) -> None:
+        """Print a raw figure now, before the report is built from it (kept if interrupted)."""
+        with self._lock:
+            self.figures.append(Measurement(name, float(value), unit))
+            self.bar.write(format_figure(name, value, unit), file=self.stream)
+
     def _show(self, measurement: Measurement) -> None:
         with self._lock:
             self.bar.write(format_figure(measurement.name, measurement.value, measurement.unit),
@@ -153,9 +161,9 @@ class SuiteProgress:
         lines = [f"interrupted after {self.done} of {self.total} {self.unit}s; measured so far:"]
         if self.report.measurements or self.report.ratios:
             lines.append(self.report.table())
-        if self.worker_figures:
-            lines.append("reported by the worker processes:")
-            lines.extend(format_figure(m.name, m.value, m.unit) for m in self.worker_figures)
+        if self.figures:
+            lines.append("figures measured before the report was built:")
+            lines.extend(format_figure(m.name, m.value, m.unit) for m in self.figures)
         if len(lines) == 1:
             lines.append("  nothing yet")
         return "\n".join(lines)

@@ -44,7 +44,7 @@ def test_worker_processes_report_through_the_inherited_channel():
             worker.join(60)
             assert worker.exitcode == 0
     assert p.done == 2
-    assert [(m.name, m.value, m.unit) for m in p.worker_figures] == [("x time", 2.0, "s"),
+    assert [(m.name, m.value, m.unit) for m in p.figures] == [("x time", 2.0, "s"),
                                                                     ("y time", 2.0, "s")]
     assert "  x time: 2 s" in err.getvalue() and "  y time: 2 s" in err.getvalue()
 
