@@ -14,6 +14,7 @@ SUITES = {
     "pipeline": "model and pipeline parallelism (chapter 5)",
     "amp": "mixed precision step time and memory (chapter 7)",
     "sharding": "ZeRO-1, FSDP2 and ZeRO-3 by hand against DDP: memory and step time (chapter 8)",
+    "compile": "torch.compile over DDP against eager DDP: step time (chapter 1)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]
