@@ -10,6 +10,9 @@ and test accuracy counted by every rank and summed by all_reduce.
 
 Run:  torchrun --standalone --nproc-per-node=2 ddp_torchrun.py
       torchrun --standalone --nproc-per-node=2 ddp_torchrun.py --epochs 5   (resumes)
+      torchrun --standalone --nproc-per-node=2 ddp_torchrun.py --crash-rank 1
+          (rank 1 raises before training: @record writes its traceback to the error file
+           torchrun names in TORCHELASTIC_ERROR_FILE, and the agent reports it)
 
 Fixed from the source (the DDP + mixed-precision post, torchrun variant):
 - "nccl" hard-coded -> gloo on CPU unless this machine has a GPU for every local rank;
@@ -32,6 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 
@@ -39,6 +43,10 @@ TIMEOUT = timedelta(seconds=60)  # a collective that waits longer raises instead
 TOY_STEPS, TOY_ROWS_PER_RANK = 5, 8
 LAUNCHER_VARIABLES = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class DeliberateCrash(RuntimeError):
+    """Raised by --crash-rank: a worker that fails on purpose, to read its error file."""
 
 
 class ToyModel(nn.Module):
@@ -212,6 +220,8 @@ def worker(rank: int, world_size: int, args):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     device = setup()
     log(rank, f"{world_size} ranks, backend {dist.get_backend()}, device {device.type}")
+    if rank == args.crash_rank:  # the others then fail in their next collective
+        raise DeliberateCrash(f"rank {rank} crashed on purpose before training (--crash-rank)")
     toy_weights = train_toy(rank, world_size, device, args)
     result = train_convnet(rank, world_size, device, args)
     if rank == 0 and args.out:
@@ -237,6 +247,8 @@ def parse_args():
     parser.add_argument("--data", default="data", help="folder with MNIST/raw (default ./data)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="rank 0 writes the results here as JSON")
+    parser.add_argument("--crash-rank", type=int, default=-1,
+                        help="this rank raises before training (to see the error files)")
     args = parser.parse_args()
     for name in ("epochs", "batch_size", "lr"):
         value = getattr(args, name)
@@ -261,6 +273,11 @@ def parse_args():
     return args
 
 
-if __name__ == "__main__":
+@record  # an exception escaping main() is written, with its traceback, to the error file
+def main():
     args = parse_args()
     worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,8 @@ goes on with the next epoch. The data is a fixed synthetic set that DistributedS
 shares out anew for every world size. Each epoch prints one line with WORLD_SIZE and
 TORCHELASTIC_RESTART_COUNT (it counts failures only: a node joining restarts the
 workers without counting). --epoch-log appends one JSON line per finished epoch.
+main() is wrapped in @record: a worker's exception is written, with its traceback, to
+the error file torchrun names in TORCHELASTIC_ERROR_FILE, and the agent reports it.
 
 Run on one machine:
   torchrun --standalone --nproc-per-node=2 elastic_train.py
@@ -45,6 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -112,7 +115,7 @@ def sigterm_held_back():
             signal.raise_signal(signal.SIGTERM)  # now act on it as before
 
 
-def commit(args, epoch: int, model: nn.Module, optimizer, record: dict):
+def commit(args, epoch: int, model: nn.Module, optimizer, log_entry: dict):
     """Rank 0's end of epoch: the checkpoint (atomic), then the epoch's log line."""
     state = {"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
     with sigterm_held_back():
@@ -120,7 +123,7 @@ def commit(args, epoch: int, model: nn.Module, optimizer, record: dict):
         os.replace(args.checkpoint + ".tmp", args.checkpoint)
         if args.epoch_log:
             with open(args.epoch_log, "a") as f:
-                f.write(json.dumps(record) + "\n")
+                f.write(json.dumps(log_entry) + "\n")
 
 
 def train(args):
@@ -154,9 +157,9 @@ def train(args):
             total, seen = total + loss.item() * len(x), seen + len(x)
         time.sleep(args.epoch_seconds)  # slow enough for a node to join mid-run
         if rank == 0:
-            record = {"epoch": epoch, "world_size": world_size, "restart_count": restarts,
-                      "loss": total / seen}
-            commit(args, epoch, model.module, optimizer, record)
+            log_entry = {"epoch": epoch, "world_size": world_size, "restart_count": restarts,
+                         "loss": total / seen}
+            commit(args, epoch, model.module, optimizer, log_entry)
             print(f"epoch {epoch}: world size {world_size}, restart count {restarts}, "
                   f"rank 0 loss {total / seen:.4f}", flush=True)
     dist.destroy_process_group()
@@ -203,5 +206,10 @@ def parse_args():
     return args
 
 
-if __name__ == "__main__":
+@record  # an exception escaping main() is written, with its traceback, to the error file
+def main():
     train(parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ SUITES = {
     "pipeline_schedules": "every pipelining schedule side by side on 4 ranks: bubbles, step time (chapter 13)",
     "amp": "mixed precision step time and memory (chapter 7)",
     "sharding": "ZeRO-1, FSDP2 and ZeRO-3 by hand against DDP: memory and step time (chapter 8)",
+    "compile": "torch.compile over DDP against eager DDP: step time (chapter 1)",
     "context": "ring attention against full attention: time, memory, balance, bytes (chapter 11)",
     "experts": "expert parallelism: all-to-all bytes, throughput and a hot expert (chapter 12)",
 }

@@ -2,6 +2,9 @@
 
 Every input is checked before a suite starts (a suite runs for minutes): a bad
 one is one line naming the option and the value, exit status 2, nothing written.
+While a suite runs, its progress and each figure go to stderr
+(:mod:`ddpguide.bench.progress`); Ctrl-C prints what was measured so far and exits
+with status 130, writing no JSON.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         load_at_start = round(os.getloadavg()[0], 2)
-        report = load_suite(name).run(quick=args.quick)
+        try:
+            report = load_suite(name).run(quick=args.quick)
+        except KeyboardInterrupt:  # the suite has printed what it measured so far
+            print(f"{PROG} {name}: interrupted", file=sys.stderr)
+            return 130
         # A suite makes its report when it is done: the run's own start is what counts.
         report.measured_at, report.load_at_start = started, load_at_start
         report.load_at_end = round(os.getloadavg()[0], 2)

@@ -29,6 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ddpguide.bench.progress import tick, tracked
 from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.collectives import algorithms as collectives
 from ddpguide.core.runtime import worker_device
@@ -86,6 +87,9 @@ def measure(sizes: list[int], repeats: int, cases: tuple[str, ...] = CASES,
         times = torch.tensor([samples[c] for c in cases], dtype=torch.float64, device=device)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call is as slow as its slowest rank
         out[nbytes] = {c: statistics.median(times[i].tolist()) for i, c in enumerate(cases)}
+        if rank == 0:  # one case of the suite's progress (nothing happens outside the suite)
+            label = f"{world} ranks, {size_label(nbytes)}"
+            tick(label, [(f"{c}, {label}", out[nbytes][c] * 1e6, "us") for c in cases])
     return out
 
 
@@ -173,7 +177,9 @@ def run(quick: bool = False, sizes: list[int] | None = None,
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     repeats = repeats or (3 if quick else 10)
     groups = groups or (1 if quick else 3)
-    results = {world: [spawn(measure, world, sizes, repeats, env=MALLOC_ENV, echo=False,
-                             timeout=600)[0] for _ in range(groups)]
-               for world in world_sizes}
+    with tracked(Report("allreduce"), total=len(world_sizes) * groups * len(sizes),
+                 unit="size"):  # rank 0 of each group ticks once per size
+        results = {world: [spawn(measure, world, sizes, repeats, env=MALLOC_ENV, echo=False,
+                                 timeout=600)[0] for _ in range(groups)]
+                   for world in world_sizes}
     return build_report(results)

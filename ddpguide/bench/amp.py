@@ -23,6 +23,7 @@ import time
 import torch
 from torch import nn
 
+from ddpguide.bench.progress import tick, tracked
 from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.core.models import ConvNet
 from ddpguide.core.runtime import select_runtime
@@ -37,6 +38,12 @@ from ddpguide.train.amp import (
 )
 
 MIB = 2 ** 20
+NAMES = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}  # the report's name of each mode
+
+
+def _repeats(quick: bool) -> tuple[int, int]:
+    """Timed rounds and warm-up steps."""
+    return (5, 2) if quick else (15, 3)
 
 
 def _modes(device_type: str) -> list[str]:
@@ -75,7 +82,7 @@ def measure(quick: bool) -> dict:
     runtime = select_runtime(1)
     device = runtime.device(0)
     batch, width = 256, 16
-    repeats, warmup = (5, 2) if quick else (15, 3)
+    repeats, warmup = _repeats(quick)
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(batch, 1, 28, 28, generator=generator).to(device)
     labels = torch.randint(0, 10, (batch,), generator=generator).to(device)
@@ -89,11 +96,15 @@ def measure(quick: bool) -> dict:
         out["modes"][mode] = {"times": [], "activations": saved_activation_bytes(
             trainer.model, images, trainer.settings,
             lambda logits: nn.functional.cross_entropy(logits, labels))}
-    for _ in range(repeats):  # interleaved: fp32, bf16, fp32, bf16, ...
+        tick(f"{NAMES[mode]}: warm-up, activations",
+             [(f"{NAMES[mode]} activations", out["modes"][mode]["activations"] / MIB, "MiB")])
+    for k in range(repeats):  # interleaved: fp32, bf16, fp32, bf16, ...
         for mode, trainer in trainers.items():
             start = time.perf_counter()
             trainer.step(images, labels)
             out["modes"][mode]["times"].append(time.perf_counter() - start)
+        tick(f"round {k + 1} of {repeats}", [(f"{NAMES[mode]} step", times["times"][-1] * 1e3, "ms")
+                                             for mode, times in out["modes"].items()])
     if device.type == "cuda":
         for mode, trainer in trainers.items():
             torch.cuda.reset_peak_memory_stats(device)
@@ -104,9 +115,11 @@ def measure(quick: bool) -> dict:
 
 def run(quick: bool) -> Report:
     """The suite: one fresh process measures every precision side by side."""
-    (result,) = spawn(measure, 1, quick, env=MALLOC_ENV, echo=False, timeout=600)
     report = Report("amp")
-    names = {"off": "fp32", "bf16": "bf16", "fp16": "fp16"}
+    modes = _modes(select_runtime(1).device(0).type)
+    with tracked(report, total=len(modes) + _repeats(quick)[0]):  # the worker ticks
+        (result,) = spawn(measure, 1, quick, env=MALLOC_ENV, echo=False, timeout=600)
+    names = NAMES
     details = {"model": f"ConvNet(width={result['width']})", "batch": result["batch"],
                "device": result["device"], "threads": result["threads"]}
     modes = result["modes"]

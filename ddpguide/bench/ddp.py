@@ -36,6 +36,7 @@ from ddpguide.bench.ddp_steps import (
     step_time_worker,
     supported_variants,
 )
+from ddpguide.bench.progress import tick, tracked
 from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.launch.spawn import spawn
 
@@ -123,6 +124,8 @@ def measure_processes(settings: Settings) -> dict[str, list[float]]:
     for r in range(settings.process_rounds):
         for name in rotated(names, r):
             times[name].append(pair_time(name, _measure(*PROCESS_CASES[name], settings)))
+            tick(f"{name}, round {r + 1} of {settings.process_rounds}",
+                 [(f"{name} (separate processes)", times[name][-1] * 1e3, "ms/step")])
     return times
 
 
@@ -201,13 +204,14 @@ def run(quick: bool = False) -> Report:
     settings = QUICK if quick else FULL
     load_before = os.getloadavg()[0]
     variants = supported_variants()
-    per_rank = spawn(interleaved_worker, 2, "convnet", BATCH, settings.step_rounds,
-                     settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV, echo=False,
-                     timeout=600, **ON_CPU)
-    steps = combine_ranks(per_rank)
-    processes = measure_processes(settings)
-
     report = Report("ddp")
+    cases = settings.step_rounds + settings.process_rounds * len(PROCESS_CASES)
+    with tracked(report, total=cases):  # the interleaved worker and each process case tick
+        per_rank = spawn(interleaved_worker, 2, "convnet", BATCH, settings.step_rounds,
+                         settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV,
+                         echo=False, timeout=600, **ON_CPU)
+        steps = combine_ranks(per_rank)
+        processes = measure_processes(settings)
     for name, values in per_round_ratios(steps, processes).items():
         report.add_ratio(name, values)
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddpguide.bench.progress import tick
 from ddpguide.core.models import ConvNet, ToyModel
 
 #: Input shape of one sample of each model.
@@ -101,11 +102,13 @@ def rotated(names: list[str], round_: int) -> list[str]:
 
 def interleave(steps: Mapping[str, Callable[[], object]], rounds: int,
                clocks: Mapping[str, Callable[[], float]] = CLOCKS,
-               before: Callable[[], object] = lambda: None) -> dict[str, dict[str, list[float]]]:
+               before: Callable[[], object] = lambda: None,
+               after_round: Callable[[int], object] = lambda r: None
+               ) -> dict[str, dict[str, list[float]]]:
     """Run one step of every case per round, the order rotated by one each round (so no
     case always goes first or always follows the same one), calling ``before`` (untimed)
-    ahead of each step; return, per clock, each case's seconds per step in round order:
-    ``{clock: {case: [s, ...]}}``."""
+    ahead of each step and ``after_round(r)`` after round ``r``; return, per clock, each
+    case's seconds per step in round order: ``{clock: {case: [s, ...]}}``."""
     names = list(steps)
     times: dict[str, dict[str, list[float]]] = {c: {n: [] for n in names} for c in clocks}
     for r in range(rounds):
@@ -115,6 +118,7 @@ def interleave(steps: Mapping[str, Callable[[], object]], rounds: int,
             steps[name]()
             for c, read in clocks.items():
                 times[c][name].append(read() - start[c])
+        after_round(r)
     return times
 
 
@@ -142,7 +146,12 @@ def interleaved_worker(kind: str, batch: int, rounds: int, warmup: int,
     steps["independent"] = make_step(kind, batch, None)
     steps["ddp2"] = make_step(kind, batch, "ddp")
     interleave(steps, warmup, before=dist.barrier)
-    return {"times": interleave(steps, rounds, before=dist.barrier),
+
+    def report_round(r: int) -> None:  # one case of the suite's progress bar, from rank 0
+        if rank == 0:
+            tick(f"interleaved round {r + 1} of {rounds}")
+
+    return {"times": interleave(steps, rounds, before=dist.barrier, after_round=report_round),
             "threads": torch.get_num_threads()}
 
 

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
 
 CASES = ("join", "node_loss", "worker_crash")
@@ -52,18 +53,26 @@ def _epoch_done(after: float, world_size: int):
 
 
 def scenario(workdir: Path, torchrun_defaults: bool, nproc: int = 2, nnodes: str = "1:2",
-             step_delay: float = 0.05) -> dict[str, float]:
+             step_delay: float = 0.05, progress=None) -> dict[str, float]:
     """Worker crash, node loss and join, once each; seconds to the first step after each.
 
     B starts as soon as A hosts the store, so the first round is full and
     closes without waiting for the last call; C's agent starts too but joins
-    only on cue.
+    only on cue. ``progress`` (a :class:`~ddpguide.bench.progress.SuiteProgress`), if given,
+    counts and prints each of the four figures as it is measured.
     """
     from ddpguide.elastic.cluster import LocalCluster
 
     limit = 150.0 if torchrun_defaults else 60.0
+    label = "torchrun" if torchrun_defaults else "ddpguide"
     both, one = 2 * nproc, nproc  # world sizes with two nodes and with one
     out: dict[str, float] = {}
+
+    def measured(case: str, seconds: float) -> None:
+        out[case] = seconds
+        if progress is not None:
+            progress.advance(f"{label} {case}", [(f"{label} {case}", seconds, "s")])
+
     with LocalCluster(workdir, epochs=100_000, step_delay=step_delay, nnodes=nnodes,
                       torchrun_defaults=torchrun_defaults) as cluster:
         cluster.start_node("C", nproc, on_cue=True)
@@ -72,23 +81,23 @@ def scenario(workdir: Path, torchrun_defaults: bool, nproc: int = 2, nnodes: str
         cluster.wait_for_store(limit)  # A hosts the store: losing B must not take it along
         cluster.start_node("B", nproc)
         step = _wait(cluster, _first("first_step", started, both), "the first step", limit)
-        out["first_start"] = step["t"] - started
+        measured("first_start", step["t"] - started)
 
         _wait(cluster, _epoch_done(step["t"], both), "an epoch with both nodes", limit)
         killed = cluster.kill_worker("A", local_rank=nproc - 1)
         step = _wait(cluster, _first("first_step", killed, both), "a step after the crash", limit)
-        out["worker_crash"] = step["t"] - killed
+        measured("worker_crash", step["t"] - killed)
 
         _wait(cluster, _epoch_done(step["t"], both), "an epoch after the crash", limit)
         lost = cluster.kill_node("B")
         step = _wait(cluster, _first("first_step", lost, one), "a step after the node loss", limit)
-        out["node_loss"] = step["t"] - lost
+        measured("node_loss", step["t"] - lost)
 
         _wait(cluster, _epoch_done(step["t"], one), "an epoch after the node loss", limit)
         _wait(cluster, lambda ev: any(e["event"] == "agent_waiting" for e in ev), "agent C", limit)
         joined = cluster.join("C")
         step = _wait(cluster, _first("first_step", joined, both), "a step after the join", limit)
-        out["join"] = step["t"] - joined
+        measured("join", step["t"] - joined)
     return out
 
 
@@ -108,18 +117,21 @@ def run(quick: bool = False) -> Report:
     repeats, nproc = (1, 1) if quick else (3, 2)
     report = Report("elastic")
     results: dict[str, dict[str, list[float]]] = {}
-    for label, defaults in (("ddpguide", False), ("torchrun", True)):
-        runs: dict[str, list[float]] = {}
-        for _ in range(repeats):
-            workdir = Path(tempfile.mkdtemp(prefix="ddpguide-bench-elastic-"))
-            try:
-                for case, seconds in scenario(workdir, defaults, nproc=nproc).items():
-                    runs.setdefault(case, []).append(seconds)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-        results[label] = runs
-        for case, values in runs.items():
-            report.add(f"{label} {case}", statistics.median(values), "s", samples=values)
+    # four figures per scenario (first start, crash, node loss, join), each counted as measured
+    with tracked(report, total=2 * repeats * (len(CASES) + 1), unit="figure") as progress:
+        for label, defaults in (("ddpguide", False), ("torchrun", True)):
+            runs: dict[str, list[float]] = {}
+            for _ in range(repeats):
+                workdir = Path(tempfile.mkdtemp(prefix="ddpguide-bench-elastic-"))
+                try:
+                    measured = scenario(workdir, defaults, nproc=nproc, progress=progress)
+                    for case, seconds in measured.items():
+                        runs.setdefault(case, []).append(seconds)
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+            results[label] = runs
+            for case, values in runs.items():
+                report.add(f"{label} {case}", statistics.median(values), "s", samples=values)
 
     for case in CASES:
         report.ratios[f"{case}_s"] = statistics.median(results["ddpguide"][case])

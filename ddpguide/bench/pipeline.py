@@ -37,6 +37,7 @@ from ddpguide.bench.pipeline_report import (
     spread,
     stage_times,
 )
+from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report, check_report_file
 from ddpguide.core.commands import InputError, OneLineParser, check_output_file, integer
 from ddpguide.pipeline.stages import SEED_SPLIT, num_microbatches
@@ -100,14 +101,15 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
     plan = make_plan(quick, image_size, batch_size)
     load_before = os.getloadavg()[0]
     cases = plan.cases()
-    res = measure(cases, plan.batch, plan.image_size, plan.rounds, plan.repeats, plan.profile_size,
-                  channels_last)
+    report = Report("pipeline")
+    with tracked(report, total=1 + plan.rounds * len(cases)):  # rank 0 of the worker ticks
+        res = measure(cases, plan.batch, plan.image_size, plan.rounds, plan.repeats,
+                      plan.profile_size, channels_last)
     balanced, names, blocks = res["balanced"], res["block_names"], res["block_times"]
     t = {c.kind: res["seconds"][c] for c in BASELINES}
     rows = pipeline_rows(res)
     ranges = {c.kind: (min(res["samples"][c]), max(res["samples"][c])) for c in BASELINES}
 
-    report = Report("pipeline")
     case = (f"ResNet50 {plan.image_size}x{plan.image_size}, batch {plan.batch}, "
             f"{'channels-last' if channels_last else 'contiguous'}, SGD")
     single = t["single"]

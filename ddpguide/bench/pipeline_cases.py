@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpguide.bench.pipeline_timing import synchronize, time_blocks
+from ddpguide.bench.progress import tick
 from ddpguide.bench.report import MALLOC_ENV
 from ddpguide.core.runtime import worker_device
 from ddpguide.launch.spawn import spawn
@@ -197,6 +198,9 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
         profile = [blocks, balanced_split_point(blocks, names)]
     dist.broadcast_object_list(profile, src=0)
     blocks, balanced = profile
+    rank0 = dist.get_rank() == 0
+    if rank0:  # the suite's progress: one case for the profile, then one per case and round
+        tick(f"profile of {len(names)} blocks: stage 1 from {balanced} balances them")
     # A balanced case that resolves to the seed's cut is not measured twice.
     first_of: dict[str, int] = {}
     same_as = [first_of.setdefault(c.name(balanced), i) for i, c in enumerate(cases)]
@@ -215,6 +219,11 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
                 synchronize(device)
                 if r or i:
                     times[c][r].append(time.perf_counter() - start)
+            if rank0:
+                label = cases[c].name(balanced)
+                tick(f"{label}, round {r + 1} of {rounds}",
+                     [(f"{label}, round {r + 1} (rank 0)", statistics.median(times[c][r]) * 1e3,
+                       "ms/step")])
     return {"times": times, "block_times": blocks, "block_names": names, "balanced": balanced}
 
 

@@ -8,6 +8,7 @@ import os
 import platform
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -86,10 +87,14 @@ class Report:
     load_at_start: float = field(default_factory=lambda: round(os.getloadavg()[0], 2))
     #: Stamped by :meth:`write_json`, when the suite is done.
     load_at_end: float | None = None
+    #: Called with every new measurement (``ddpguide.bench.progress`` prints it at once).
+    on_add: Callable[[Measurement], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, name: str, value: float, unit: str, **details) -> Measurement:
         m = Measurement(name, float(value), unit, details)
         self.measurements.append(m)
+        if self.on_add is not None:
+            self.on_add(m)
         return m
 
     def add_ratio(self, name: str, values: list[float]) -> float:

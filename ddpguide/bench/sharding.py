@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding.memory import count
@@ -183,15 +184,20 @@ def run(quick: bool = False) -> Report:
     batch = 16
     warmup, steps, rounds = (2, 1, 1) if quick else (2, 4, 2)
     results: dict[tuple[str, int], list[dict]] = {case: [] for case in CASES}
-    for _ in range(rounds):  # interleaved rounds: a burst of load hits every case alike
-        for name, world in CASES:
-            results[(name, world)].append(_run_case(name, world, widths, batch, warmup, steps))
+    report = Report("sharding")
+    with tracked(report, total=rounds * len(CASES)) as progress:
+        for r in range(rounds):  # interleaved rounds: a burst of load hits every case alike
+            for name, world in CASES:
+                with progress.case(f"{name}, {world} ranks, round {r + 1} of {rounds}"):
+                    result = _run_case(name, world, widths, batch, warmup, steps)
+                    results[(name, world)].append(result)
+                    progress.figure(f"{name}, {world} ranks: step", result["step"] * 1e3, "ms")
+                    progress.figure(f"{name}, {world} ranks: peak", result["peak"] / MIB, "MiB")
     merged = {case: {"state": runs[0]["state"], "peak": statistics.median(r["peak"] for r in runs),
                      "step": statistics.median(r["step"] for r in runs), "method": runs[0]["method"],
                      "numel": runs[0]["numel"]}
               for case, runs in results.items()}
 
-    report = Report("sharding")
     numel = merged[CASES[0]]["numel"]
     details = {"model": f"MLP {layers} x Linear({width}, {width}), Adam, float32",
                "parameters": numel, "batch per rank": batch, "threads per rank": 1}

@@ -4,8 +4,8 @@
   on the command line (``--node-rank``), as in the seed article's table;
 * :func:`two_nodes_c10d`: the same two agents with one identical command; a
   c10d rendezvous numbers the nodes;
-* :func:`crash_demo`: a training run in which one rank raises on purpose, and
-  what torchrun's error files make of it.
+* :func:`crash_demo`: the chapter's program, ``ddp_torchrun.py``, with one rank
+  raising on purpose (``--crash-rank``), and what torchrun's error files make of it.
 
 Every launch goes through :func:`ddpguide.launch.torchrun.run_agents`: bounded
 in time, and no process left behind.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -27,8 +28,8 @@ from ddpguide.launch.torchrun import (
     Agent,
     AgentRun,
     run_agents,
-    run_torchrun,
 )
+from ddpguide.launch.programs import path_of
 from ddpguide.launch.whoami import NODE_NAME_VARIABLE, read_records
 
 
@@ -194,15 +195,24 @@ class CrashRun:
         return summarize_error(self.run.root_cause) if self.run.root_cause else None
 
 
+CRASH_PROGRAM = "ddp_torchrun.py"  # the chapter's program; it wraps main() in @record
+
+
 def crash_demo(nproc_per_node: int = 2, crash_rank: int = 1,
                timeout: float = DEFAULT_TIMEOUT_S) -> CrashRun:
-    """``torchrun --standalone`` training in which ``crash_rank`` raises before epoch 0."""
-    run = run_torchrun(
-        ("--standalone", f"--nproc-per-node={nproc_per_node}"), "ddpguide.train",
-        ("--epochs", "1", "--max-steps-per-epoch", "5", "--no-eval", "--quiet",
-         "--crash-at-epoch", "0", "--crash-rank", str(crash_rank)),
-        timeout=timeout,
-    )
+    """``torchrun --standalone ddp_torchrun.py --crash-rank R``: rank R raises before training.
+
+    The program runs from a fresh folder holding only its copy, as a reader runs it.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="ddpguide-crash-"))
+    try:
+        shutil.copy(path_of(CRASH_PROGRAM), folder / CRASH_PROGRAM)
+        agent = Agent("agent", ("--standalone", f"--nproc-per-node={nproc_per_node}"),
+                      CRASH_PROGRAM, ("--epochs", "1", "--crash-rank", str(crash_rank)),
+                      cwd=str(folder))
+        run = run_agents([agent], timeout=timeout)[0]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return CrashRun(run, crash_rank)
 
 

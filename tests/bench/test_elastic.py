@@ -59,19 +59,32 @@ def test_waiting_returns_the_milestone_or_fails_with_the_nodes_logs():
 
 @pytest.mark.parametrize("quick, repeats, nproc", [(True, 1, 1), (False, 3, 2)])
 def test_the_report_has_medians_per_setting_and_every_ratio(monkeypatch, quick, repeats, nproc):
-    calls, workdirs = [], []
+    calls, workdirs, progresses = [], [], []
+    real_tracked = elastic_bench.tracked
 
-    def scenario(workdir, torchrun_defaults, nproc):
+    def tracked(report, total, **kwargs):
+        progress = real_tracked(report, total, **kwargs)
+        progresses.append(progress)
+        return progress
+
+    monkeypatch.setattr(elastic_bench, "tracked", tracked)
+
+    def scenario(workdir, torchrun_defaults, nproc, progress):
         assert workdir.is_dir()
         workdirs.append(workdir)
         calls.append((torchrun_defaults, nproc))
         slow = 10.0 if torchrun_defaults else 1.0
         run = sum(1 for c in calls if c[0] == torchrun_defaults)
-        return {"first_start": 3.0 * slow, "worker_crash": 4.0 * slow + run,
-                "node_loss": 7.0 * slow, "join": 8.0 * slow}
+        out = {"first_start": 3.0 * slow, "worker_crash": 4.0 * slow + run,
+               "node_loss": 7.0 * slow, "join": 8.0 * slow}
+        for case, seconds in out.items():  # as the real one reports each figure when measured
+            progress.advance(case, [(case, seconds, "s")])
+        return out
 
     monkeypatch.setattr(elastic_bench, "scenario", scenario)
     report = elastic_bench.run(quick=quick)
+    (progress,) = progresses  # every figure of every scenario counted
+    assert progress.total == progress.done == 8 * repeats
     assert calls == [(False, nproc)] * repeats + [(True, nproc)] * repeats
     assert not any(w.exists() for w in workdirs)  # every scenario's folder is removed
     median_run = (repeats + 1) // 2  # 1 of 1, 2 of 1..3

@@ -24,7 +24,6 @@ from torch.distributed.run import get_args_parser
 from ddpguide.core.runtime import select_runtime
 from ddpguide.launch import torchrun as agents
 from ddpguide.launch import torchrun_demo as tr
-from ddpguide.train.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,13 +120,14 @@ def test_a_crashing_worker_is_reported_through_its_error_file():
     crash = tr.crash_demo(nproc_per_node=2, crash_rank=1, timeout=120)
     _assert_nothing_left(crash.run.launch_id)
     assert crash.run.returncode not in (0, None)
-    message = ("DeliberateCrash: rank 1 crashed on purpose at the start of epoch 0 "
-               "(--crash-at-epoch)")
+    # the reader's program, whose main() is wrapped in @record, wrote rank 1's error file
+    message = "DeliberateCrash: rank 1 crashed on purpose before training (--crash-rank)"
     assert crash.errors[1].exception == message
-    assert Path(crash.errors[1].file).name == "cli.py" and crash.errors[1].function == "run"
+    assert Path(crash.errors[1].file).name == "ddp_torchrun.py"
+    assert crash.errors[1].function == "worker"
     # torchrun's failure summary carries the traceback text from the error file
     assert message in crash.run.output
-    assert "ddpguide.train FAILED" in crash.run.output
+    assert "ddp_torchrun.py FAILED" in crash.run.output
     reported = tr.failure_summary(crash.run.output)
     assert sorted(e["rank"].split()[0] for e in reported) == ["0", "1"]
     assert [e["section"] for e in reported].count("root cause") == 1
@@ -226,12 +226,28 @@ def test_rank_table_shows_one_row_per_record():
 
 # --- the cluster recipes ------------------------------------------------------------------
 
-def _split_torchrun(argv: list[str]) -> tuple[list[str], list[str]]:
-    """torchrun's own options, and the training arguments after ``-m ddpguide.train``."""
+PROGRAM = REPO / "book" / "programs" / "ddp_torchrun.py"  # chapter 3's program
+
+
+def _split_torchrun(argv: list[str]) -> tuple[list[str], str, list[str]]:
+    """torchrun's own options, the program it runs, and the program's arguments."""
     assert argv[0] == "torchrun"
-    m = argv.index("-m")
-    assert argv[m + 1] == "ddpguide.train"
-    return argv[1:m], argv[m + 2:]
+    at = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+    return argv[1:at], argv[at], argv[at + 1:]
+
+
+def _program_args(train_args: list[str], folder: Path, monkeypatch) -> "argparse.Namespace":
+    """The program's own parser on ``train_args``, as a worker under torchrun would parse them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ddp_torchrun_recipe", PROGRAM)
+    program = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(program)
+    for name in program.LAUNCHER_VARIABLES:
+        monkeypatch.setenv(name, "0" if "RANK" in name else "1")
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", ["ddp_torchrun.py", *train_args])
+    return program.parse_args()
 
 
 def _fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
@@ -250,7 +266,7 @@ def _fake_slurm(tmp_path: Path) -> tuple[dict[str, str], Path]:
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[07-08]",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "32",
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ddpguide", "HOME": str(tmp_path)}
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ddp_torchrun", "HOME": str(tmp_path)}
     return env, record
 
 
@@ -260,21 +276,33 @@ def test_slurm_script_parses():
     assert done.returncode == 0, done.stderr
 
 
-def test_slurm_script_starts_one_torchrun_per_node_with_a_valid_command(tmp_path):
+def test_slurm_script_starts_one_torchrun_per_node_with_a_valid_command(tmp_path, monkeypatch):
     env, record = _fake_slurm(tmp_path)
+    env["PROGRAM"] = str(PROGRAM)
     done = subprocess.run(["bash", str(REPO / "cluster" / "slurm_torchrun.sbatch"), "--epochs", "5"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     srun_argv = json.loads(record.read_text())
     assert "--ntasks-per-node=1" in srun_argv
-    torchrun_opts, train_args = _split_torchrun(srun_argv[srun_argv.index("torchrun"):])
-    opts = get_args_parser().parse_args([*torchrun_opts, "-m", "ddpguide.train"])
+    torchrun_opts, program, train_args = _split_torchrun(srun_argv[srun_argv.index("torchrun"):])
+    assert program == str(PROGRAM)  # the chapter's program, not the package's command
+    opts = get_args_parser().parse_args([*torchrun_opts, program])
     assert (opts.nnodes, opts.nproc_per_node) == ("2", "4")
     assert (opts.rdzv_backend, opts.rdzv_endpoint, opts.rdzv_id) == ("c10d", "gpu-07:29500", "4242")
-    args = build_parser().parse_args(train_args)
-    assert args.epochs == 5  # arguments after the script name reach the training CLI
-    assert args.checkpoint == "checkpoints/ddpguide.pt"
+    args = _program_args(train_args, tmp_path, monkeypatch)
+    assert args.epochs == 5  # arguments after the script name reach the program
+    assert args.checkpoint == "checkpoints/ddp_torchrun.pt"
     assert "nodes=2 nproc_per_node=4 rendezvous=gpu-07:29500" in done.stdout
+
+
+def test_slurm_script_without_the_program_says_so_and_starts_nothing(tmp_path):
+    env, record = _fake_slurm(tmp_path)
+    done = subprocess.run(["bash", str(REPO / "cluster" / "slurm_torchrun.sbatch")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2
+    assert done.stderr == ("no program at book/programs/ddp_torchrun.py "
+                           "(set PROGRAM=path/to/ddp_torchrun.py)\n")
+    assert not record.exists() and not (tmp_path / "checkpoints").exists()
 
 
 def _k8s_commands() -> tuple[dict[str, list[str]], dict]:
@@ -284,15 +312,16 @@ def _k8s_commands() -> tuple[dict[str, list[str]], dict]:
             for role, spec in job["spec"]["pytorchReplicaSpecs"].items()}, job
 
 
-def test_k8s_job_runs_the_same_valid_command_in_every_pod():
+def test_k8s_job_runs_the_same_valid_command_in_every_pod(tmp_path, monkeypatch):
     commands, job = _k8s_commands()
     assert sorted(commands) == ["Master", "Worker"]
     assert commands["Master"] == commands["Worker"]
-    torchrun_opts, train_args = _split_torchrun(commands["Master"])
+    torchrun_opts, program, train_args = _split_torchrun(commands["Master"])
+    assert program == "/workspace/ddp_torchrun.py"  # the chapter's program, copied into the image
     # Kubernetes expands $(VAR) from the pod's environment; stand in for it here
     expanded = [a.replace("$(MASTER_ADDR)", "ddpguide-master-0").replace("$(MASTER_PORT)", "23456")
                 for a in torchrun_opts]
-    opts = get_args_parser().parse_args([*expanded, "-m", "ddpguide.train"])
+    opts = get_args_parser().parse_args([*expanded, program])
     specs = job["spec"]["pytorchReplicaSpecs"]
     pods = sum(spec["replicas"] for spec in specs.values())
     assert opts.nnodes == str(pods)
@@ -301,6 +330,8 @@ def test_k8s_job_runs_the_same_valid_command_in_every_pod():
         gpus = spec["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
         assert str(gpus) == opts.nproc_per_node
     assert (opts.rdzv_backend, opts.rdzv_endpoint) == ("c10d", "ddpguide-master-0:23456")
-    args = build_parser().parse_args(train_args)
-    assert args.amp == "auto" and args.checkpoint == "/checkpoints/ddpguide.pt"
+    # the program's own parser accepts the arguments (the volume stood in for by tmp_path)
+    args = _program_args([a.replace("/checkpoints/", f"{tmp_path}/") for a in train_args],
+                         tmp_path, monkeypatch)
+    assert args.epochs == 3 and args.checkpoint == f"{tmp_path}/ddp_torchrun.pt"
     assert shlex.join(commands["Master"]).startswith("torchrun --nnodes=2")

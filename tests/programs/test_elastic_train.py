@@ -118,3 +118,21 @@ def test_sigterm_waits_for_the_commit_and_then_stops_the_worker(tmp_path):
     )
     result = run([PYTHON, "-c", script], tmp_path, timeout=60)
     assert (result.returncode, result.stdout) == (-signal.SIGTERM, "commit finished\n")
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_exception_reaches_the_error_file_through_record(tmp_path):
+    # a checkpoint that passes the start-up check but not load_state_dict: the worker raises
+    path = copy_program("elastic_train.py", tmp_path)
+    wrong = {"epoch": 0, "model": {"net1.weight": torch.zeros(3, 3)}, "optimizer": {}}
+    torch.save(wrong, tmp_path / "wrong.pt")
+    root_cause = tmp_path / "root_cause.json"
+    result = run([TORCHRUN, "--standalone", "--nproc-per-node=1", path.name,
+                  "--checkpoint", "wrong.pt"], tmp_path, timeout=120,
+                 env={"TORCHELASTIC_ERROR_FILE": str(root_cause)})
+    assert result.returncode != 0
+    # @record wrote the worker's exception; the agent copied it into its own error file
+    message = json.loads(root_cause.read_text())["message"]
+    assert message["message"].startswith("RuntimeError: Error(s) in loading state_dict for ToyModel")
+    assert "elastic_train.py" in message["extraInfo"]["py_callstack"]
+    assert "in main" in message["extraInfo"]["py_callstack"]
