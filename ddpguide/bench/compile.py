@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -41,7 +41,7 @@ def measure(quick: bool) -> dict:
     torch.manual_seed(0)
     model = ConvNet().to(device)
     ids = [device.index] if device.type == "cuda" else None
-    sides = {"eager": DDP(model, device_ids=ids),
+    sides: dict[str, Any] = {"eager": DDP(model, device_ids=ids),
              "compiled": torch.compile(DDP(copy.deepcopy(model), device_ids=ids))}
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, m in sides.items()}
     generator = torch.Generator().manual_seed(1)

@@ -71,8 +71,8 @@ class SuiteProgress:
         #: Figures given to :meth:`figure` or by worker processes, in order: the raw numbers a
         #: suite builds its report from at the end (kept for an interrupted run).
         self.figures: list[Measurement] = []
-        self.bar: tqdm | None = None
-        self._channel: str | None = None
+        self.bar: Any = None  # the tqdm bar, made on entering the block
+        self._channel = ""
         self._read = 0
         self._stop = threading.Event()
         self._reader: threading.Thread | None = None
@@ -141,9 +141,10 @@ class SuiteProgress:
         self._reader.start()
         return self
 
-    def __exit__(self, exc_type, exc, traceback) -> bool:
+    def __exit__(self, exc_type, exc, traceback) -> None:
         self._stop.set()
-        self._reader.join()
+        if self._reader is not None:
+            self._reader.join()
         self._poll()  # what the workers wrote last
         self.report.on_add = None
         if self._previous is None:
@@ -154,7 +155,7 @@ class SuiteProgress:
         self.bar.close()
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             print(self.interrupted_table(), file=self.out, flush=True)
-        return False  # nothing is swallowed
+        # nothing is swallowed: returning None re-raises
 
     def interrupted_table(self) -> str:
         """What an interrupted run had measured: the report so far and the workers' figures."""

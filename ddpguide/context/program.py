@@ -27,6 +27,8 @@ NAME = "ring_attention.py"
 def load() -> ModuleType:
     """``book/programs/ring_attention.py`` as a module (its ``main`` does not run)."""
     spec = importlib.util.spec_from_file_location("ring_attention_program", path_of(NAME))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path_of(NAME)} as a module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

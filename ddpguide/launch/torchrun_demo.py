@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ddpguide.core.processes import ephemeral_port
+from ddpguide.launch.programs import path_of
 from ddpguide.launch.torchrun import (
     DEFAULT_TIMEOUT_S,
     Agent,
     AgentRun,
     run_agents,
 )
-from ddpguide.launch.programs import path_of
 from ddpguide.launch.whoami import NODE_NAME_VARIABLE, read_records
 
 

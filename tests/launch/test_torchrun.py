@@ -8,6 +8,7 @@ children-of-pytest check of conftest.py alone would not see an orphan).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -236,7 +237,7 @@ def _split_torchrun(argv: list[str]) -> tuple[list[str], str, list[str]]:
     return argv[1:at], argv[at], argv[at + 1:]
 
 
-def _program_args(train_args: list[str], folder: Path, monkeypatch) -> "argparse.Namespace":
+def _program_args(train_args: list[str], folder: Path, monkeypatch) -> argparse.Namespace:
     """The program's own parser on ``train_args``, as a worker under torchrun would parse them."""
     import importlib.util
 
