@@ -9,7 +9,8 @@ placements on a DeviceMesh: Shard(dim), Replicate() and Partial(). Changing plac
   Shard -> Replicate     all-gather        Partial -> Replicate   all-reduce
   Partial -> Shard       reduce-scatter    Shard(0) -> Shard(1)   all-to-all
 
-(gloo has no all-to-all for DTensor: on CPU, S(0) -> S(1) warns and all-gathers instead.)
+(DTensor takes no all-to-all path on a CPU mesh, although gloo has all-to-all:
+S(0) -> S(1) warns and all-gathers instead.)
 
 A matrix product x @ w with x split along its columns and w along its rows gives each
 rank a summand of the result: the placement Partial, with no communication at all.

@@ -83,7 +83,8 @@ def setup():
 
 def mesh_2d(device_type, names):
     """A 2x2 mesh. It makes one process group per mesh dimension; without these
-    options they would wait 30 minutes (not TIMEOUT) for a peer that never comes."""
+    options they would get c10d's default timeout, not TIMEOUT (30 minutes on gloo,
+    10 on nccl), and wait that long for a peer that never comes."""
     if dist.get_backend() == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = TIMEOUT

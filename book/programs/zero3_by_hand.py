@@ -10,7 +10,14 @@ keeps the r-th piece. Adam sees only the shards. Hooks on each layer:
 * after its forward: free them (the shard stays);
 * when the gradient of its output arrives: all-gather them again for backward;
 * when a parameter's gradient is complete: reduce-scatter it into the shard's
-  gradient (P -> S(0)) and free the full gradient and parameter.
+  gradient (P -> S(0), added to it, so micro-batches accumulate) and free the
+  full gradient and parameter.
+
+It shards each layer's own parameters, so it refuses, in one line, a model whose
+layers share a parameter (tied weights), a layer that owns parameters and has
+parts that own some (nn.MultiheadAttention reads out_proj.weight without calling
+out_proj), and a layer that does not return one tensor. Between steps the full
+parameters are freed: read the shards, or gather them.
 
 Source: the ZeRO paper's stage 3 (no seed article covers sharding).
 """
@@ -40,7 +47,7 @@ class ShardedParameter:
         self.param, self.world, self.numel = param, world, param.numel()
         self.shard_numel = -(-self.numel // world)  # ceil(numel / world)
         # `full` is the padded buffer the all-gather fills; the parameter is a view of it.
-        self.full = torch.zeros(self.shard_numel * world, device=param.device)
+        self.full = torch.zeros(self.shard_numel * world, dtype=param.dtype, device=param.device)
         self.full[: self.numel] = param.detach().reshape(-1)
         begin = rank * self.shard_numel
         self.shard = nn.Parameter(self.full[begin:begin + self.shard_numel].clone())
@@ -61,13 +68,27 @@ class ShardedParameter:
         shard_grad = torch.empty_like(self.shard)
         reduce_scatter(shard_grad, padded, op=dist.ReduceOp.SUM)
         CALLS["reduce_scatter"] += 1
-        self.shard.grad = shard_grad / self.world
+        if self.shard.grad is None:
+            self.shard.grad = shard_grad / self.world
+        else:  # several backward passes before a step: accumulate, as plain PyTorch does
+            self.shard.grad += shard_grad / self.world
         self.param.grad = None
         self.free()
 
 
 def shard_model(model, rank, world):
     """Replace every layer's parameters by shards and hook the layer; returns the shards."""
+    owners = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in owners:  # tied weights: two layers would free and gather one tensor
+            raise ValueError(f"{name} is the same tensor as {owners[id(p)]} (tied weights): "
+                             "shard_model shards each layer's own parameters and cannot share one")
+        owners[id(p)] = name
+    for name, layer in model.named_modules():
+        inner = [n for n, m in layer.named_modules() if m is not layer and m._parameters]
+        if layer._parameters and inner:  # its forward may read them without calling them
+            raise ValueError(f"{name or 'the model'} ({type(layer).__name__}) owns parameters and so "
+                             f"does its part {inner[0]}: shard_model hooks layers without such parts")
     shards = []
     for layer in model.modules():
         own = [ShardedParameter(p, rank, world) for p in layer.parameters(recurse=False)]
@@ -82,8 +103,16 @@ def shard_model(model, rank, world):
         def after_forward(layer, args, output, own=own):
             for s in own:
                 s.free()
-            # runs when the output's gradient is ready, just before this layer's backward
-            output.register_hook(lambda grad: [s.gather() for s in own] and None)
+            if not isinstance(output, torch.Tensor):
+                raise TypeError(f"{type(layer).__name__} returned {type(output).__name__}: "
+                                "shard_model hooks layers that return one tensor")
+            if output.requires_grad:  # not under torch.no_grad()
+                def gather_for_backward(grad):
+                    for s in own:
+                        s.gather()
+
+                # runs when the output's gradient is ready, just before this layer's backward
+                output.register_hook(gather_for_backward)
 
         layer.register_forward_pre_hook(before_forward)
         layer.register_forward_hook(after_forward)

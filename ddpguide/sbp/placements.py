@@ -143,7 +143,8 @@ def _group_timeout() -> datetime.timedelta | None:
     """The default group's collective timeout, so mesh sub-groups inherit it.
 
     DeviceMesh creates one process group per mesh dimension; without options
-    they get c10d's default timeout (30 minutes), and a bug would hang that long.
+    they get c10d's default timeout (30 minutes on gloo, 10 on nccl), and a bug
+    would hang that long.
     """
     try:
         backend = dist.group.WORLD._get_backend(torch.device(mesh_device_type()))

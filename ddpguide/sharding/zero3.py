@@ -14,6 +14,13 @@ Freeing keeps the parameter object and releases its storage
 (``untyped_storage().resize_(0)``), which is what FSDP does: autograd keeps a
 reference to the parameter for backward, and the storage is filled again before
 backward reads it.
+
+The hooks sit on each module that owns parameters. A module that owns some and
+has descendants that own some is one *unit* with all of them (gathered before
+its forward, freed after it), because its forward may read a child's
+parameter without calling the child, as ``nn.MultiheadAttention`` reads
+``out_proj.weight``. A module's output may be a tensor or any tuple, list or
+dict of tensors. Shared parameters (tied weights) are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.utils._pytree import tree_leaves
 
 # torch 2.14 gave the single-tensor collectives new names; older releases have the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -127,10 +136,15 @@ class ShardedModel:
         self.free_after_use = free_after_use
         self.shards: list[ShardedParameter] = []
         self._handles = []
-        for module_name, module in model.named_modules():
-            own = [ShardedParameter(module, name, _join(module_name, name), group, device,
+        for module_name, module in _units(model):
+            # A module that owns parameters and has descendants that own some is one unit
+            # with all of them: its forward may read a child's parameter without calling the
+            # child (nn.MultiheadAttention reads out_proj.weight), as FSDP's units allow.
+            owners = module.named_modules(prefix=module_name) if _is_unit(module) else [(module_name, module)]
+            own = [ShardedParameter(owner, name, _join(owner_name, name), group, device,
                                     keep_full=not free_after_use)
-                   for name, _ in list(module.named_parameters(recurse=False))]
+                   for owner_name, owner in owners
+                   for name, _ in list(owner.named_parameters(recurse=False))]
             if own:
                 self.shards += own
                 self._hook(module, own)
@@ -147,10 +161,11 @@ class ShardedModel:
                 return
             for s in own:
                 s.free()
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                # Fires when the gradient of this module's output is ready, before the
-                # module's own backward reads its parameters.
-                output.register_hook(lambda _grad: _gather_all(own))
+            # Fires when the first gradient of this module's outputs (a tensor, or every
+            # tensor of a tuple, list or dict) is ready, before its backward reads them.
+            needing = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if needing:
+                register_multi_grad_hook(needing, lambda _grads: _gather_all(own), mode="any")
 
         self._handles.append(module.register_forward_pre_hook(before_forward))
         self._handles.append(module.register_forward_hook(after_forward))
@@ -186,12 +201,31 @@ def _gather_all(own: Iterable[ShardedParameter]) -> None:
         s.gather()
 
 
+def _is_unit(module: nn.Module) -> bool:
+    """Whether ``module`` owns parameters and so do some of its descendants."""
+    return (next(module.parameters(recurse=False), None) is not None
+            and any(next(m.parameters(recurse=False), None) is not None
+                    for m in list(module.modules())[1:]))
+
+
+def _units(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
+    """The modules to hook, outermost first; a unit's descendants are not hooked on their own."""
+    inside: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        if _is_unit(module):
+            inside.update(id(m) for m in module.modules())
+        yield name, module
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
 def _check_shardable(model: nn.Module) -> None:
-    """Refuse, with one clear line, what the per-module hooks cannot handle."""
+    """Refuse, with one clear line, what the per-module hooks cannot handle: a parameter
+    shared by two modules, a parameter that is not floating point, a model without any."""
     if not dist.is_initialized():
         raise ShardingError("ZeRO-3 needs a process group: call dist.init_process_group first")
     owners: dict[int, str] = {}

@@ -12,6 +12,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import sys
 import threading
 import urllib.error
@@ -104,7 +105,16 @@ COLLECT_JS = r"""
         outputs: [...c.querySelectorAll('.cell_output > .output')].map(o => ({
             kinds: [...o.classList].filter(x => !['output', 'notranslate'].includes(x)
                 && !x.startsWith('highlight')),
-            text: o.innerText.slice(0, 20000)}))})),
+            text: o.innerText.slice(0, 20000)})),
+        // Text blocks of the outputs rendered from Markdown or HTML (not printed text,
+        // not code): the text of each block without its code, math and nested blocks.
+        rendered: [...c.querySelectorAll('.cell_output')].flatMap(o => [...o.querySelectorAll(
+            'p, li, h1, h2, h3, h4, h5, h6, td, th, dt, dd, caption')]
+            .filter(e => !e.closest('pre, .highlight, .widget-subarea'))
+            .map(e => { const k = e.cloneNode(true);
+                k.querySelectorAll('code, pre, mjx-container, .math, script, style, p, ul, ol, table, dl')
+                    .forEach(x => x.remove());
+                return k.textContent.slice(0, 5000); }))})),
     widgets: views().map(s => { const p = s.previousElementSibling; const ok = drawn(s);
         const box = ok ? p.getBoundingClientRect() : null; let id = null;
         try { id = JSON.parse(s.textContent).model_id; } catch (e) {}
@@ -228,6 +238,30 @@ def widget_state_errors(state: dict | None) -> list[str]:
         for output in (model.get("state") or {}).get("outputs") or []:
             if output.get("output_type") == "error":
                 found.append(f"{model_id}: {output.get('ename')}: {output.get('evalue')}")
+    return found
+
+
+# Markdown syntax that a rendered block still shows when its Markdown was not parsed
+# (a table rendered as CommonMark is a paragraph of pipes, with `---` turned into em dashes).
+RAW_MARKDOWN = (
+    (re.compile(r"^\s*\|"), "a line that starts with | (a table not rendered)"),
+    (re.compile(r"^(?=.*\|)(?=.*[-\u2013\u2014])[\s|:\-\u2013\u2014]+$"),
+     "a table rule (---|---, or em dashes)"),
+    (re.compile(r"\*\*"), "literal ** (bold not rendered)"),
+    (re.compile(r"`"), "a backtick (code not rendered)"),
+    (re.compile(r"^\s*#{1,6}\s"), "a line that starts with # (a heading not rendered)"),
+)
+
+
+def raw_markdown(blocks: list[str]) -> list[str]:
+    """One line per rendered text block that still shows Markdown syntax, saying which."""
+    found = []
+    for block in blocks:
+        for line in block.splitlines():
+            for pattern, what in RAW_MARKDOWN:
+                if pattern.search(line):
+                    found.append(f"{what}: {line.strip()[:160]!r}")
+                    break
     return found
 
 

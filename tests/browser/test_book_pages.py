@@ -5,7 +5,9 @@ request to another host (the book works offline) and no script error; no
 executed output shows a traceback or an error; every image loads; every link
 in the sidebar, in the previous/next buttons and in the text resolves (and
 its anchor exists); the search page finds the page by a word of its title;
-each widget is drawn from its saved state; each formula is typeset.
+each widget is drawn from its saved state; each formula is typeset; no output
+rendered from Markdown still shows Markdown syntax (a table as a paragraph of
+pipes, literal ``**``, backticks or ``#``).
 
 Cells that show an error on purpose carry the tag ``raises-exception`` (the
 cell raises) or ``shows-error`` (the cell prints one).
@@ -24,6 +26,7 @@ from tests.browser.browser_support import (
     Visitor,
     dump,
     loading_problems,
+    raw_markdown,
     toc_pages,
     widget_state_errors,
 )
@@ -80,6 +83,14 @@ def test_outputs_show_no_error(visitor: Visitor, page: str):
     problems += widget_state_errors(r.data["widget_state"])
     assert not problems, (f"{page}: outputs with errors (tag the cell raises-exception or "
                           f"shows-error if that is the point):\n" + "\n\n".join(problems))
+
+
+def test_outputs_show_no_raw_markdown(visitor: Visitor, page: str):
+    r = report(visitor, page)
+    problems = [f"the cell that starts {cell['source']!r}: {found}"
+                for cell in r.data["cells"] for found in raw_markdown(cell["rendered"])]
+    assert not problems, (f"{page}: outputs that show Markdown syntax instead of rendering it "
+                          f"(is nb_render_markdown_format: gfm in _config.yml?):\n" + "\n".join(problems))
 
 
 def test_images_load(visitor: Visitor, page: str):

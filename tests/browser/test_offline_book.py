@@ -6,7 +6,9 @@ is built (nbmake --overwrite then a render without execution, as ``make test``
 and CI do; myst-nb executing during the build, as ``make book`` does). Both
 keep the widget state in the notebook, and in the browser the page draws the
 widget from that state, typesets the formula and shows the figure, with no
-request leaving the local server.
+request leaving the local server. A Markdown table printed by a cell renders
+as a table; built without the book's ``nb_render_markdown_format: gfm`` it is
+a paragraph of pipes, and the check of every page says so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from tests.browser.browser_support import ROOT, Visitor, loading_problems, serve, unavailable
+from tests.browser.browser_support import ROOT, Visitor, loading_problems, raw_markdown, serve, unavailable
 from tests.browser.cdp_client import Chromium
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,6 +30,10 @@ pytestmark = pytest.mark.timeout(600)
 BOOK_JS = ROOT / "_build" / "book-js"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 BIN = Path(sys.executable).parent
+# A table as the chapters print them (display(Markdown(...))).
+TABLE = ("| strategy | backward |\n|---|---|\n"
+         "| ddp | 1 x all-reduce (P -> B) |\n| fsdp2 | 3 x reduce-scatter (P -> S(0)) |\n")
+GFM_LINE = "nb_render_markdown_format: gfm"
 
 
 def write_sources(folder: Path) -> None:
@@ -41,6 +47,7 @@ def write_sources(folder: Path) -> None:
         new_code_cell("import ipywidgets as widgets\n"
                       "widgets.IntSlider(value=7, min=0, max=10, description='ranks')"),
         new_code_cell("import matplotlib.pyplot as plt\nplt.plot([0, 1, 2], [2, 0, 1])\nplt.show()"),
+        new_code_cell(f"from IPython.display import Markdown, display\ndisplay(Markdown({TABLE!r}))"),
     ]
     nbformat.write(notebook, folder / "sample.ipynb")
     # The book's own configuration and the JavaScript it serves, as `make book` has them.
@@ -51,6 +58,9 @@ def write_sources(folder: Path) -> None:
     (folder / "config_force.yml").write_text(config)
     (folder / "config_off.yml").write_text(
         config.replace("execute_notebooks: force", 'execute_notebooks: "off"'))
+    # The configuration as it was before tables rendered: myst-nb's default, CommonMark.
+    assert GFM_LINE in config
+    (folder / "config_commonmark.yml").write_text(config.replace(GFM_LINE, ""))
 
 
 def run(command: list[str], cwd: Path) -> None:
@@ -104,3 +114,33 @@ def test_sample_page_works_offline(browser: Chromium, sample_server: str, tmp_pa
         assert any(script in url for url in served), f"{script} not loaded: {served}"
     problems = loading_problems(report)
     assert not problems, "\n".join(problems)
+
+
+def test_sample_markdown_table_renders(browser: Chromium, sample_server: str, tmp_path: Path):
+    data = Visitor(browser, sample_server, screenshots=tmp_path).page("sample").data
+    rendered = [block for cell in data["cells"] for block in cell["rendered"]]
+    # The table's cells are blocks of their own (td), and nothing shows raw Markdown.
+    assert "1 x all-reduce (P -> B)" in rendered and "strategy" in rendered, rendered
+    assert raw_markdown(rendered) == [], raw_markdown(rendered)
+
+
+@pytest.fixture(scope="module")
+def commonmark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not (BOOK_JS / "_vendor" / "VERSIONS.json").exists():
+        unavailable(f"the book's JavaScript is not fetched ({BOOK_JS}): run `make book-js`")
+    folder = tmp_path_factory.mktemp("commonmark") / "src"
+    write_sources(folder)
+    run([str(BIN / "jupyter-book"), "build", ".", "--path-output", "out", "-W", "-n",
+         "--keep-going", "--config", "config_commonmark.yml"], folder)
+    with serve(folder / "out" / "_build" / "html") as url:
+        yield url
+
+
+def test_raw_markdown_check_catches_commonmark_tables(browser: Chromium, commonmark_server: str,
+                                                      tmp_path: Path):
+    """Without gfm the table is one paragraph of pipes: the check of every page must fail on it."""
+    data = Visitor(browser, commonmark_server, screenshots=tmp_path).page("sample").data
+    found = raw_markdown([block for cell in data["cells"] for block in cell["rendered"]])
+    assert any("| strategy | backward |" in f for f in found), found
+    # Sphinx's smartquotes turn the rule's --- into em dashes.
+    assert any("|\u2014|\u2014|" in f for f in found), found

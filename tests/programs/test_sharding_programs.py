@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def ran(name: str) -> ProgramRun:
 
 
 @pytest.mark.parametrize("name, checks", [
-    ("zero1.py", 1), ("fsdp2.py", 2), ("zero3_by_hand.py", 1),
+    ("zero1.py", 1), ("fsdp2.py", 2), ("zero3_by_hand.py", 1), ("fsdp2_recipes.py", 7),
 ])
 @pytest.mark.timeout(600)
 def test_program_runs_standalone_and_its_checks_pass(name, checks):
@@ -36,7 +37,7 @@ def test_program_runs_standalone_and_its_checks_pass(name, checks):
     assert "check FAILED" not in result.output
 
 
-@pytest.mark.parametrize("name", ["zero1.py", "fsdp2.py", "zero3_by_hand.py"])
+@pytest.mark.parametrize("name", ["zero1.py", "fsdp2.py", "zero3_by_hand.py", "fsdp2_recipes.py"])
 def test_program_imports_only_torch_and_the_standard_library(name):
     tree = ast.parse((PROGRAMS / name).read_text())
     roots = set()
@@ -65,3 +66,12 @@ def test_zero3_program_pads_and_frees():
     assert "[rank 0] 4.bias     3 elements -> shard of 2 (the flat tensor ends with 1 zero of padding)" in out
     assert "collectives of one step: {'all_gather': 12, 'reduce_scatter': 6}" in out
     assert "and 0 bytes of full parameters" in out
+
+
+@pytest.mark.timeout(600)
+def test_fsdp2_recipes_counts_what_the_chapter_says():
+    out = ran("fsdp2_recipes.py").output
+    assert "per micro-batch [0, 4, 0, 4] (4 units)" in out
+    assert "all-gathers per step 7 -> 7" in out
+    saved = re.search(r"activation checkpointing: (\d+) -> (\d+) bytes", out)
+    assert saved and int(saved.group(2)) < int(saved.group(1)) / 4, out[-2000:]

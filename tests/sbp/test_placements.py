@@ -15,11 +15,13 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from ddpguide.launch.spawn import spawn
+from ddpguide.sbp import examples, regions
 from ddpguide.sbp import placements as sbp
-from ddpguide.sbp import regions
-from ddpguide.sbp.examples import SEED_X, SEED_Y
 from ddpguide.sbp.placements import B, P, S, SBPError
 from ddpguide.sbp.workers import run
+
+# The seed's samples, from the program the chapter shows (book/programs/dtensor_regression.py).
+SEED_X, SEED_Y = examples.program().SEED_X, examples.program().SEED_Y
 
 WORLD = 4
 PARTS = ["sbp_1d", "regions_2d", "seed_2d", "signature_2d", "linear_regression",

@@ -1,0 +1,119 @@
+"""`book/programs/zero3_by_hand.py` is safe to copy: what a reader does next works or is refused.
+
+Each case imports the program by path in a fresh Python (the program sets float64 as
+the default dtype when imported) on a one-rank gloo group, where the hooks free and
+refill the parameters' storage exactly as on more ranks, and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROGRAM = Path(__file__).resolve().parents[2] / "book" / "programs" / "zero3_by_hand.py"
+
+SETUP = f"""
+import datetime, importlib.util, json, sys
+import torch, torch.distributed as dist
+from torch import nn
+spec = importlib.util.spec_from_file_location("zero3_by_hand", {str(PROGRAM)!r})
+program = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(program)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=30))
+def refusal(make):
+    try:
+        program.shard_model(make(), 0, 1)
+    except (ValueError, TypeError) as exc:
+        return [type(exc).__name__, str(exc)]
+    return None
+"""
+
+
+def run_case(body: str) -> dict:
+    script = SETUP + textwrap.dedent(body) + "\ndist.destroy_process_group()\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(180)
+def test_the_gather_buffer_keeps_the_parameter_dtype():
+    out = run_case("""
+        model = nn.Sequential(nn.Linear(4, 3, dtype=torch.bfloat16), nn.Linear(3, 2, dtype=torch.float32))
+        program.shard_model(model, 0, 1)
+        dtypes = [str(p.dtype) for p in model.parameters()]
+        print(json.dumps({"dtypes": dtypes}))
+    """)
+    assert out["dtypes"] == ["torch.bfloat16", "torch.bfloat16", "torch.float32", "torch.float32"]
+
+
+@pytest.mark.timeout(180)
+def test_gradients_accumulate_over_micro_batches():
+    out = run_case("""
+        model = program.make_model()
+        plain = program.make_model()
+        shards = program.shard_model(model, 0, 1)
+        x = torch.randn(8, 6)
+        for half in (x[:4], x[4:]):
+            model(half).sum().backward()
+            plain(half).sum().backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in plain.parameters()])
+        got = torch.cat([s.shard.grad[: s.numel] for s in shards])
+        print(json.dumps({"difference": (got - expected).abs().max().item()}))
+    """)
+    assert out["difference"] <= 1e-12
+
+
+@pytest.mark.timeout(180)
+def test_a_forward_under_no_grad_runs():
+    out = run_case("""
+        model = program.make_model()
+        plain = program.make_model()
+        program.shard_model(model, 0, 1)
+        x = torch.randn(5, 6)
+        with torch.no_grad():
+            difference = (model(x) - plain(x)).abs().max().item()
+        model(x).sum().backward()  # and training still works afterwards
+        print(json.dumps({"difference": difference}))
+    """)
+    assert out["difference"] <= 1e-12
+
+
+@pytest.mark.timeout(180)
+def test_what_it_cannot_shard_is_refused_in_one_line():
+    out = run_case("""
+        class Tied(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.out = nn.Embedding(8, 4), nn.Linear(4, 8, bias=False)
+                self.out.weight = self.embed.weight
+            def forward(self, tokens):
+                return self.out(self.embed(tokens))
+        class Pair(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(4, 4))
+            def forward(self, x):
+                return x @ self.weight, x
+        def pair_forward():
+            model = Pair()
+            program.shard_model(model, 0, 1)
+            try:
+                model(torch.randn(2, 4))
+            except TypeError as exc:
+                return [type(exc).__name__, str(exc)]
+        print(json.dumps({"tied": refusal(Tied),
+                          "attention": refusal(lambda: nn.MultiheadAttention(8, 2)),
+                          "tuple": pair_forward()}))
+    """)
+    assert out["tied"] == ["ValueError", "out.weight is the same tensor as embed.weight (tied weights): "
+                           "shard_model shards each layer's own parameters and cannot share one"]
+    assert out["attention"] == ["ValueError", "the model (MultiheadAttention) owns parameters and so does "
+                                "its part out_proj: shard_model hooks layers without such parts"]
+    assert out["tuple"] == ["TypeError", "Pair returned tuple: shard_model hooks layers that return one tensor"]
