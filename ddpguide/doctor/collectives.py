@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ddpguide.core.commands import one_line
+
 Check = Callable[[int, int, torch.device], tuple[torch.Tensor | list[torch.Tensor], Any]]
 
 
@@ -113,7 +115,7 @@ def check_collectives(rank: int, world: int, device: torch.device, timeout_s: fl
             ok = _same(got, expected)
             detail = "" if ok else f"got {_brief(got)}, expected {_brief(expected)}"
         except Exception as error:
-            ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            ok, detail = False, f"{type(error).__name__}: {one_line(error, 300)}"
         results.append({"name": name, "ok": ok, "detail": detail,
                         "ms": round(1e3 * (time.perf_counter() - started), 3)})
         if not ok:
@@ -124,7 +126,7 @@ def check_collectives(rank: int, world: int, device: torch.device, timeout_s: fl
                                wait_all_ranks=True)
         ok, detail = True, ""
     except Exception as error:
-        ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        ok, detail = False, f"{type(error).__name__}: {one_line(error, 300)}"
     results.append({"name": "monitored_barrier", "ok": ok, "detail": detail,
                     "ms": round(1e3 * (time.perf_counter() - started), 3)})
     return results

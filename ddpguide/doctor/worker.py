@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from ddpguide.core.commands import one_line
 from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
 from ddpguide.doctor.collectives import (
     bandwidth_sweep,
@@ -97,7 +98,7 @@ def _group_checks(identity: Identity, runtime: Runtime, board: Board,
             result["sweep"] = bandwidth_sweep(options.sizes, device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
-                                      "detail": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
+                                      "detail": f"{type(error).__name__}: {one_line(error, 300)}"})
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
