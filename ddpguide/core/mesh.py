@@ -87,7 +87,8 @@ def device_mesh(mesh_shape: Sequence[int], names: Sequence[str] | None = None) -
     if needed > world:
         raise ValueError(f"mesh {mesh_shape} needs {needed} ranks but the world has only {world} "
                          f"(WORLD_SIZE={world})")
-    override = subgroup_backends(len(mesh_shape))
+    # A 1-D mesh of the whole world reuses the world group, which has the timeout already.
+    override = None if mesh_shape == (world,) else subgroup_backends(len(mesh_shape))
     return init_device_mesh(
         mesh_device_type(), mesh_shape,
         mesh_dim_names=tuple(names) if names else None,

@@ -23,6 +23,7 @@ def test_the_world_timeout_reaches_every_mesh_dimension(tmp_path, monkeypatch):
         assert {options._timeout for _, options in override} == {datetime.timedelta(seconds=42)}
         grid = mesh.device_mesh((1, 1), ("dp", "tp"))
         assert grid.mesh_dim_names == ("dp", "tp") and grid.device_type == "cpu"
+        assert mesh.device_mesh((1,)).get_group() is dist.group.WORLD  # the world group itself
         with pytest.raises(ValueError, match=r"mesh \(2, 1\) needs 2 ranks but the world has only 1"):
             mesh.device_mesh((2, 1))
     finally:
