@@ -6,7 +6,6 @@ their code cells; the package is the machinery around the lesson (launching
 from a notebook, the checks that prove a claim, figures, benchmarks and the
 command lines).
 
-==============================  ======================================
 chapter                         where its machinery lives
 ==============================  ======================================
 1  DDP launched with mp.spawn   ``launch.spawn``, ``ddp.equivalence``, ``train``
@@ -24,16 +23,55 @@ chapter                         where its machinery lives
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
+=======
+The chapter map is :data:`CHAPTERS`, written here only: for each notebook,
+the package modules its code cells import, and the package commands it runs.
+``tests/test_chapter_map.py`` reads every notebook and fails when the map
+disagrees with it, and checks the tables of ``README.md`` and
+``book/intro.md`` against it.
 
-Import rules, held by ``tests/test_layout.py``:
+Import rules: the ``ALLOWED`` table of ``tests/test_layout.py`` says which
+subpackage may import which, and that test holds it, with these:
 
-* ``core`` (runtime, process_group, checkpoint, data, models, ranklog,
-  processes) imports nothing else from ddpguide;
+* ``core`` (runtime, process groups, meshes, checkpoints, data, models,
+  command lines, timeouts, rank-aware logging, processes) imports nothing
+  else from ddpguide;
 * ``launch`` imports only ``core``;
-* an idea package imports ``core`` and ``launch``, and ``collectives``,
-  ``train`` or ``sbp`` where it builds on them, never ``bench``;
+* an idea package imports ``core`` and ``launch``, and the idea packages it
+  builds on, as ``ALLOWED`` lists them, never ``bench``;
 * ``bench`` is on top and imported by no module of the package;
 * no import circle, and no module over 300 lines;
 * figures (``viz``) sit on top of the code they draw: no other module of
   their subpackage imports them.
 """
+
+#: notebook (``book/<name>.ipynb``) -> (chapter, the ddpguide modules its code imports,
+#: the ``python -m ddpguide.<command>`` commands it runs).
+CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "01_spawn_ddp": ("1", ("collectives.algorithms", "launch.programs", "launch.spawn"),
+                     ("bench",)),
+    "02_collectives": ("2", ("bench.allreduce", "bench.report", "collectives.algorithms",
+                             "collectives.demos", "collectives.viz", "core.models",
+                             "ddp.by_hand", "launch.programs", "launch.spawn"), ("bench",)),
+    "03_torchrun": ("3", ("core.runtime", "launch.programs", "launch.torchrun",
+                          "launch.torchrun_demo"), ("train",)),
+    "04_elastic": ("4", ("core.checkpoint", "elastic.demo", "elastic.failover", "elastic.plot",
+                         "elastic.program", "elastic.settings", "launch.programs"),
+                   ("bench", "elastic")),
+    "05_model_parallel": ("5", ("bench.appendix", "bench.pipeline_timing", "launch.programs",
+                                "launch.spawn", "pipeline.model_parallel", "pipeline.schedules",
+                                "pipeline.stages", "pipeline.viz"), ("bench",)),
+    "06_sbp": ("6", ("core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
+                     "sbp.placements", "sbp.regions", "sbp.viz", "sbp.workers"), ()),
+    "07_amp": ("7", ("bench.amp", "core.models", "core.runtime", "ddp.pitfalls",
+                     "ddp.pitfalls_data", "launch.programs", "launch.spawn", "train.amp",
+                     "train.loop", "train.syncbn"), ("bench",)),
+    "08_sharded_data_parallel": ("8", ("core.runtime", "launch.spawn", "sbp.boxing_rules",
+                                       "sharding.checks", "sharding.memory"), ("bench",)),
+    "09_tensor_parallel": ("9", ("core.runtime", "launch.programs", "launch.spawn",
+                                 "sbp.boxing_rules", "sharding.dcp_kill", "sharding.dcp_workers",
+                                 "sharding.mesh2d", "sharding.tensor_parallel"), ()),
+    "10_debugging": ("10", ("core.processes", "doctor.collectives", "doctor.stacks",
+                            "launch.torchrun"), ("doctor",)),
+    "appendix_measurements": ("appendix", ("bench.appendix",), ("bench",)),
+}

@@ -22,7 +22,7 @@ ALLOWED = {
     "collectives": {"core", "launch"},
     "train": {"core", "launch"},
     "ddp": {"core", "launch", "collectives", "train"},
-    "pipeline": {"core", "launch"},
+    "pipeline": {"core", "launch", "collectives"},
     "sbp": {"core", "launch"},
     "elastic": {"core", "launch", "train", "sharding"},
     "sharding": {"core", "launch", "collectives", "sbp", "train"},

@@ -161,16 +161,25 @@ def check(model, losses, plain, plain_losses):
     return ok
 
 
-def fsdp_x_tp(device_type, x, y, plain, plain_losses):
-    mesh = mesh_2d(device_type, ("dp", "tp"))
-    say("== FSDP x TP: mesh", mesh.mesh.tolist(), "dims ('dp', 'tp')")
-    torch.manual_seed(0)
-    model = Model().to(device_type, torch.float64)
+def shard_fsdp_x_tp(model, mesh):
     for layer in model.layers:
         # tensor parallelism first, within the "tp" row; FSDP then shards the pieces over "dp"
         parallelize_module(layer, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
         fully_shard(layer, mesh=mesh["dp"])
-    fully_shard(model, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"])
+
+
+def shard_hsdp(model, mesh):
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def fsdp_x_tp(device_type, x, y, plain, plain_losses):
+    mesh = mesh_2d(device_type, ("dp", "tp"))
+    say("== FSDP x TP: mesh", mesh.mesh.tolist(), "dims ('dp', 'tp')")
+    torch.manual_seed(0)
+    model = shard_fsdp_x_tp(Model().to(device_type, torch.float64), mesh)
     dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
     shares = (x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank])  # same share across a tp row
     losses = train(model, *shares, mesh["dp"].get_group(), dp_size)
@@ -181,10 +190,7 @@ def hsdp(device_type, x, y, plain, plain_losses):
     mesh = mesh_2d(device_type, ("replicate", "shard"))
     say("== HSDP: mesh", mesh.mesh.tolist(), "dims ('replicate', 'shard')")
     torch.manual_seed(0)
-    model = Model().to(device_type, torch.float64)
-    for layer in model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = shard_hsdp(Model().to(device_type, torch.float64), mesh)
     rank, world = dist.get_rank(), dist.get_world_size()  # every rank is data-parallel here
     losses = train(model, x.chunk(world)[rank], y.chunk(world)[rank], None, world)
     return check(model, losses, plain, plain_losses)

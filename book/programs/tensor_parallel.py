@@ -72,6 +72,22 @@ class Block(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
+def cases():
+    """Each case: its title, the module, its plan, and the input dimension split over ranks."""
+    return {
+        "mlp": ("MLP", MLP, {"up": ColwiseParallel(), "down": RowwiseParallel()}, None),
+        "attention": ("Attention", Attention,
+                      {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                       "out": RowwiseParallel()}, None),
+        # Sequence parallelism: the norm runs on a slice of the sequence; the MLP
+        # all-gathers the sequence on the way in and reduce-scatters it on the way out.
+        "sequence_parallel": ("Sequence parallel", Block,
+                              {"norm": SequenceParallel(),
+                               "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
+                               "mlp.down": RowwiseParallel(output_layouts=Shard(1))}, 1),
+    }
+
+
 def check_world():
     """Before any process group: the heads and positions must split evenly over the ranks."""
     problem = None
@@ -197,19 +213,8 @@ def main():
     torch.manual_seed(1)
     x = torch.randn(BATCH, SEQ, DIM, dtype=torch.float64, device=device_type)
 
-    results = [
-        compare("MLP", device_type, MLP,
-                {"up": ColwiseParallel(), "down": RowwiseParallel()}, x),
-        compare("Attention", device_type, Attention,
-                {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-                 "out": RowwiseParallel()}, x),
-        # Sequence parallelism: the norm runs on a slice of the sequence; the MLP
-        # all-gathers the sequence on the way in and reduce-scatters it on the way out.
-        compare("Sequence parallel", device_type, Block,
-                {"norm": SequenceParallel(),
-                 "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
-                 "mlp.down": RowwiseParallel(output_layouts=Shard(1))}, x, shard_input_dim=1),
-    ]
+    results = [compare(title, device_type, make, plan, x, shard_input_dim)
+               for title, make, plan, shard_input_dim in cases().values()]
     say("all checks passed" if all(results) else "SOME CHECKS FAILED")
     dist.destroy_process_group()
     raise SystemExit(0 if all(results) else 1)

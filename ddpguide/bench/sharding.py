@@ -36,9 +36,11 @@ from torch import nn
 
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import MALLOC_ENV, Report
+from ddpguide.core.models import mlp
+from ddpguide.core.runtime import worker_device
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding.memory import count
-from ddpguide.sharding.strategies import build, mlp
+from ddpguide.sharding.strategies import build
 
 MIB = 2 ** 20
 CASES = (("ddp", 2), ("zero1", 2), ("fsdp2", 2), ("zero3_hand", 2),
@@ -128,8 +130,8 @@ def _model(name: str, widths: tuple[int, ...], device: torch.device):
 
 def case_worker(name: str, widths: tuple[int, ...], batch: int, warmup: int, steps: int) -> dict:
     """One rank of one case: state bytes, peak bytes of one step, median step seconds."""
-    cuda = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    device = worker_device()
+    cuda = device.type == "cuda"
     torch.manual_seed(dist.get_rank())
     inputs = torch.randn(batch, widths[0], device=device)
     targets = torch.randn(batch, widths[-1], device=device)

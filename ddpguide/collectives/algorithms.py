@@ -16,8 +16,9 @@ using only ``isend``/``irecv``, and is checked against ``dist.all_reduce``:
 :func:`all_reduce` picks one by message size. The workers that the chapter
 and the tests run on every rank are in :mod:`ddpguide.collectives.demos`.
 
-The algorithms run on gloo (CPU) and nccl (GPU) alike; they rely only on the
-order of messages between two ranks, never on tags, which nccl ignores. They
+The algorithms run on gloo (CPU) and nccl (GPU) alike: every message goes
+through :func:`ddpguide.collectives.p2p.send_recv`, which knows how each
+backend must be asked. They
 keep receive buffers between calls, so they are not meant to be called from
 two threads at once.
 """
@@ -28,6 +29,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from ddpguide.collectives.p2p import send_recv, wait
 
 ALGORITHMS = ("naive", "ring", "pipelined_ring", "recursive_doubling")
 # Below this size the number of steps (each one a round of messages and
@@ -58,30 +61,6 @@ def _check(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(-1)
 
 
-def _exchange(send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int,
-              group=None) -> list:
-    """Post a receive from ``src`` and a send to ``dst``; return the requests, receive first.
-
-    With nccl the two are grouped (``batch_isend_irecv``): a lone send to a
-    peer that is itself sending would wait forever. gloo needs no grouping
-    (its sends and receives are asynchronous), and posting them one by one
-    costs less. Empty messages are skipped on both sides: gloo never completes
-    a 0-byte send.
-    """
-    recv = recv if recv is not None and recv.numel() else None
-    send = send if send is not None and send.numel() else None
-    if dist.get_backend(group) == "nccl":
-        ops = [dist.P2POp(dist.irecv, recv, group=group, group_peer=src)] if recv is not None else []
-        if send is not None:
-            ops.append(dist.P2POp(dist.isend, send, group=group, group_peer=dst))
-        return dist.batch_isend_irecv(ops) if ops else []
-    # Receive first: a gloo send leaves only once the peer says it is ready to receive.
-    requests = [dist.irecv(recv, group=group, group_src=src)] if recv is not None else []
-    if send is not None:
-        requests.append(dist.isend(send, group=group, group_dst=dst))
-    return requests
-
-
 _SCRATCH: dict[tuple, torch.Tensor] = {}
 
 
@@ -98,11 +77,6 @@ def _scratch(like: torch.Tensor, numel: int, slot: int = 0) -> torch.Tensor:
     return buf[:numel]
 
 
-def _wait(requests: list) -> None:
-    for request in requests:
-        request.wait()
-
-
 def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` in place: reduce to rank 0, then rank 0 sends the sum to everyone."""
     flat = _check(tensor)
@@ -111,14 +85,14 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
         return tensor
     if rank == 0:
         inbox = [_scratch(flat, flat.numel(), slot) for slot in range(1, world)]
-        requests = [_exchange(None, 0, buf, src, group) for src, buf in enumerate(inbox, 1)]
+        requests = [send_recv(None, 0, buf, src, group) for src, buf in enumerate(inbox, 1)]
         for request, buf in zip(requests, inbox):  # add in rank order: same sum everywhere
-            _wait(request)
+            wait(request)
             flat.add_(buf)
-        _wait([r for dst in range(1, world) for r in _exchange(flat, dst, None, 0, group)])
+        wait([r for dst in range(1, world) for r in send_recv(flat, dst, None, 0, group)])
     else:
-        _wait(_exchange(flat, 0, None, 0, group))
-        _wait(_exchange(None, 0, flat, 0, group))
+        wait(send_recv(flat, 0, None, 0, group))
+        wait(send_recv(None, 0, flat, 0, group))
     return tensor
 
 
@@ -152,10 +126,10 @@ def ring_all_reduce(tensor: torch.Tensor, group=None,
     for step, (phase, sent, received) in enumerate(ring_steps(world, rank)):
         if phase == "reduce-scatter":
             buf = inbox[: chunks[received].numel()]
-            _wait(_exchange(chunks[sent], right, buf, left, group))
+            wait(send_recv(chunks[sent], right, buf, left, group))
             chunks[received].add_(buf)
         else:  # the received chunk is final: it lands in place
-            _wait(_exchange(chunks[sent], right, chunks[received], left, group))
+            wait(send_recv(chunks[sent], right, chunks[received], left, group))
         if trace is not None:
             trace(step, phase, tensor)
     return tensor
@@ -194,7 +168,7 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None,
         target = segments[received][k]
         if phase == "reduce-scatter":
             target = inboxes[i % in_flight][: target.numel()]
-        requests = _exchange(segments[sent][k], right, target, left, group)
+        requests = send_recv(segments[sent][k], right, target, left, group)
         # Sends are only waited for at the end: what they read is not written
         # again before its sum has gone round the ring.
         has_recv = bool(target.numel())
@@ -204,12 +178,12 @@ def pipelined_ring_all_reduce(tensor: torch.Tensor, group=None,
     sends: list = []
     pending = [post(i) for i in range(in_flight)]
     for i, (phase, _, received, k) in enumerate(schedule):
-        _wait(pending.pop(0))
+        wait(pending.pop(0))
         if phase == "reduce-scatter":
             segments[received][k].add_(inboxes[i % in_flight][: segments[received][k].numel()])
         if i + in_flight < len(schedule):
             pending.append(post(i + in_flight))
-    _wait(sends)
+    wait(sends)
     return tensor
 
 
@@ -227,22 +201,22 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None) -> torch.Ten
     power = 1 << (world.bit_length() - 1)
     extra = world - power
     if rank >= power:  # fold in, then wait for the result
-        _wait(_exchange(flat, rank - power, None, 0, group))
-        _wait(_exchange(None, 0, flat, rank - power, group))
+        wait(send_recv(flat, rank - power, None, 0, group))
+        wait(send_recv(None, 0, flat, rank - power, group))
         return tensor
     buf = _scratch(flat, flat.numel())
     if rank < extra:
-        _wait(_exchange(None, 0, buf, rank + power, group))
+        wait(send_recv(None, 0, buf, rank + power, group))
         flat.add_(buf)
     distance = 1
     while distance < power:
         partner = rank ^ distance
-        _wait(_exchange(flat, partner, buf, partner, group))
+        wait(send_recv(flat, partner, buf, partner, group))
         # a + b == b + a exactly, so both partners hold bit-identical sums
         flat.add_(buf)
         distance *= 2
     if rank < extra:
-        _wait(_exchange(flat, rank + power, None, 0, group))
+        wait(send_recv(flat, rank + power, None, 0, group))
     return tensor
 
 

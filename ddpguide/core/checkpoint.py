@@ -34,11 +34,11 @@ from ddpguide.core.checkpoint_rotation import (  # the public API is here
     check_checkpoint_target,
     check_writable_directory,
     kept_aside,
-    one_line,
     previous_path,
     read_checkpoint_file,
     save_checkpoint,
 )
+from ddpguide.core.commands import one_line
 
 __all__ = [
     "check_checkpoint_fits", "check_checkpoint_target", "check_writable_directory",
@@ -136,3 +136,16 @@ def check_checkpoint_fits(path: str | os.PathLike[str], model: nn.Module) -> int
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {one_line(exc)}") from None
     return int(state["epoch"]) + 1
+
+
+def check_resumable(path: str | os.PathLike, model: nn.Module, *, writer: bool = True) -> int | None:
+    """Before a run, the one check of a one-file ``--checkpoint``: the epoch it resumes at, or None.
+
+    The ``writer`` (rank 0) must be able to save at ``path``
+    (:func:`check_checkpoint_target`); every rank must be able to read what is
+    there, and it must fit ``model`` (:func:`check_checkpoint_fits`). Raises
+    :class:`CheckpointError` (one line); nothing is written.
+    """
+    if writer:
+        check_checkpoint_target(path)
+    return check_checkpoint_fits(path, model)

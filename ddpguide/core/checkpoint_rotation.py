@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ddpguide.core.commands import one_line
+
 PREVIOUS_SUFFIX = ".prev"
 CORRUPT_SUFFIX = ".corrupt-"
 # Identities (device, inode, size, mtime) of files this process read back as
@@ -239,16 +241,6 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike[str]) -> Path
             Path(link_name).unlink(missing_ok=True)
         raise
     return path
-
-
-def one_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception's message folded onto one line (state-dict errors span several)."""
-    text = str(exc)
-    if "WeightsUnpickler error:" in text:  # torch's reason, without the advice around it
-        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
-        text = f"weights-only load refused: {reason}"
-    text = " ".join(part.strip() for part in text.strip().splitlines() if part.strip())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_checkpoint_file(path: Path, map_location: Any) -> dict[str, Any]:

@@ -1,10 +1,17 @@
-"""The models of the source articles, small enough to train on a laptop CPU."""
+"""The package's models: those of the source articles, small enough to train on a laptop
+CPU, and the plain stacks its checks and benchmarks build.
+
+A chapter's program keeps its own models (it imports no package); a check of
+a program loads the program's (:func:`ddpguide.launch.programs.load`), never a
+copy kept here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -48,6 +55,44 @@ class ConvNet(nn.Module):
         out = self.layer2(self.layer1(x))
         logits: torch.Tensor = self.fc(out.flatten(1))
         return logits
+
+
+class MLP(nn.Module):
+    """Linear up, GELU, Linear down (the feed-forward half of a transformer layer)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Stack(nn.Module):
+    """``layers`` residual MLPs: ``x + mlp(x)`` each (FSDP's units, one per layer)."""
+
+    def __init__(self, dim: int, hidden: int, layers: int = 2):
+        super().__init__()
+        self.layers = nn.ModuleList(MLP(dim, hidden) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def mlp(widths: tuple[int, ...], activation: Callable[[], nn.Module] = nn.Tanh,
+        dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> nn.Sequential:
+    """``Linear(w0, w1), act, Linear(w1, w2), act, ..., Linear(w[-2], w[-1])``."""
+    if len(widths) < 2 or any(not isinstance(w, int) or w < 1 for w in widths):
+        raise ValueError(f"widths must be at least two positive integers, got {widths!r}")
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        if i:
+            layers.append(activation())
+        layers.append(nn.Linear(a, b, dtype=dtype, device=device))
+    return nn.Sequential(*layers)
 
 
 MODELS = {"toy": ToyModel, "convnet": ConvNet}

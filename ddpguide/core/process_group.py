@@ -8,10 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ddpguide.core.runtime import DistEnv, Runtime, limit_threads, select_runtime
-
-DEFAULT_TIMEOUT_S = 60.0
-#: The longest timeout the package accepts: longer is a typo, not a plan.
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
+from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S  # noqa: F401 (re-exported)
 
 
 def setup(env: DistEnv | None = None, runtime: Runtime | None = None,

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
+from ddpguide.core.commands import one_line
 from ddpguide.core.models import ToyModel
 from ddpguide.core.ranklog import rank_print
 from ddpguide.core.runtime import DistEnv
@@ -50,13 +51,6 @@ class Finding:
     def __str__(self) -> str:
         mark = "reproduced" if self.shown else "NOT reproduced"
         return f"{self.pitfall} [{mark}]: {self.symptom} | fix: {self.fix}"
-
-
-def one_line(exc: BaseException) -> str:
-    """The last line of an error message, without the C++ source location gloo prefixes."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else type(exc).__name__
-    return text.split("] ", 1)[-1] if text.startswith("[") else text
 
 
 # --- set_epoch ---------------------------------------------------------------
@@ -141,7 +135,7 @@ def rank0_evaluation_worker(timeout_s: float) -> dict:
         try:
             evaluate(model, data, 16, env, device)
         except RuntimeError as exc:
-            error = one_line(exc)
+            error = one_line(exc, 10_000, last=True)
         waited = time.monotonic() - started
         store.set("pitfall/rank0-evaluated", "1")
     else:
@@ -193,7 +187,7 @@ def check_destroy_process_group() -> Finding:
     try:
         start()  # the next job in the same process
     except (ValueError, RuntimeError) as exc:
-        error = one_line(exc)
+        error = one_line(exc, 10_000, last=True)
     dist.destroy_process_group()
     start()  # with the group destroyed, the next job starts fine
     dist.destroy_process_group()

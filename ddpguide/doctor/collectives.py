@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ddpguide.core.commands import one_line
+
 Check = Callable[[int, int, torch.device], tuple[torch.Tensor | list[torch.Tensor], Any]]
 
 
@@ -218,7 +220,7 @@ def _run(name: str, check: Callable[[], tuple[Any, Any]], device: torch.device) 
         ok = _same(got, expected)
         detail = "" if ok else f"got {_brief(got)}, expected {_brief(expected)}"
     except Exception as error:
-        ok, detail = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        ok, detail = False, f"{type(error).__name__}: {one_line(error, 300)}"
     return {"name": name, "ok": ok, "detail": detail,
             "ms": round(1e3 * (time.perf_counter() - started), 3)}
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
+from ddpguide.core.commands import InputError
+
 PROG = "python -m ddpguide.doctor"
 #: 4 KiB, 16 KiB, ... 16 MiB: quick on a laptop (gloo on the CPU).
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(7))
@@ -27,8 +29,8 @@ _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 
           "MB": 2 ** 20, "MIB": 2 ** 20, "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30}
 
 
-class UsageError(ValueError):
-    """An invalid option: the message names the option and its value."""
+#: An invalid option (the message names it and its value): the package's one bad-input error.
+UsageError = InputError
 
 
 @dataclass(frozen=True)

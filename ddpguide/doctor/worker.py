@@ -29,6 +29,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from ddpguide.core.commands import one_line
 from ddpguide.core.runtime import Runtime, limit_threads, select_runtime
 from ddpguide.doctor.collectives import check_collectives
 from ddpguide.doctor.consistency import Problem, slow_link_problems, verdict
@@ -131,7 +132,7 @@ def _collectives(identity: Identity, runtime: Runtime, board: Board,
             result["links"] = link_times(min(max(sizes), MAX_LINK_BYTES), device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
-                                      "detail": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"})
+                                      "detail": f"{type(error).__name__}: {one_line(error, 300)}"})
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

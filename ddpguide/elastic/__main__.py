@@ -14,7 +14,7 @@ from ddpguide.elastic.settings import (
     TUNED_RDZV_CONF,
     UsageError,
 )
-from ddpguide.elastic.worker_args import STRATEGIES, WORKER_FIELDS, WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 
 if TYPE_CHECKING:
     from ddpguide.elastic.checks import DemoPlan
@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--torchrun-defaults", action="store_true",
                       help="torchrun's rendezvous timings instead of the tuned ones (slow)")
     demo.add_argument("--strategy", choices=STRATEGIES, default=DemoSettings.strategy,
-                      help=f"how the workers train. {WORKER_FIELDS['strategy'].metadata['help']} "
+                      help=f"how the workers train. {WorkerArgs.metadata('strategy')['help']} "
                            f"(default {DemoSettings.strategy})")
 
     node = sub.add_parser("node", help="this machine's torchrun agent (one per machine)",

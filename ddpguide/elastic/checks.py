@@ -17,11 +17,11 @@ import math
 import os
 import socket
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ddpguide.core import commands
 from ddpguide.elastic.demo import MAX_STEP_DELAY_S, DemoSettings
 from ddpguide.elastic.settings import (
     AgentSettings,
@@ -66,37 +66,9 @@ def _check_word(option: str, value: str) -> None:
         raise UsageError(f"{option} {value!r}: must be a non-empty word")
 
 
-def _unwritable(folder: Path) -> str | None:
-    """Why no new file can be made in ``folder``, or None."""
-    if not folder.is_dir():
-        return "not a directory" if folder.exists() else "no such directory"
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=folder)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
-def check_output_file(option: str, path: str) -> Path:
-    """A file that will be written or appended to: not a directory, in a writable directory."""
-    target = Path(path).resolve()
-    if target.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    why = _unwritable(target.parent)
-    if why:
-        raise UsageError(f"{option} {path}: directory {target.parent} is not writable ({why})")
-    return target
-
-
-def check_checkpoint(path: str, strategy: str = "ddp") -> None:
-    """A checkpoint path must be writable, and an existing checkpoint must fit the model."""
-    from ddpguide.core.checkpoint import (
-        CheckpointError,
-        check_checkpoint_fits,
-        check_writable_directory,
-    )
+def _check_checkpoint_option(path: str, strategy: str = "ddp") -> None:
+    """``--checkpoint``: where the strategy can save, holding nothing or what fits the toy model."""
+    from ddpguide.core.checkpoint import CheckpointError, check_resumable
     from ddpguide.core.models import ToyModel
 
     if strategy == "fsdp":
@@ -108,9 +80,8 @@ def check_checkpoint(path: str, strategy: str = "ddp") -> None:
             "a sharded checkpoint (a DCP directory): resume it with --strategy fsdp"
             if is_checkpoint(path) else "a directory"))
     try:
-        check_writable_directory(path)
         with _warnings_as_notes():
-            check_checkpoint_fits(path, ToyModel())
+            check_resumable(path, ToyModel())
     except CheckpointError as exc:
         raise UsageError(f"--checkpoint {path}: {exc}") from None
 
@@ -243,7 +214,8 @@ def check_node(args: argparse.Namespace) -> NodeOptions:
     if worker.events is not None:
         from ddpguide.core.checkpoint import previous_path
 
-        events = check_output_file("--events", worker.events)
+        # Opened for appending by workers that make no folders: its folder must exist.
+        events = commands.check_output_file(worker.events, "--events", new_folders=False).resolve()
         # (a sharded checkpoint is a directory, whose files every save replaces)
         if {events, events.parent} & {checkpoint, previous_path(checkpoint)}:
             raise UsageError(f"--events {worker.events}: would write into the checkpoint")
@@ -252,7 +224,7 @@ def check_node(args: argparse.Namespace) -> NodeOptions:
         if not folder.is_dir():
             raise UsageError(f"--start-when {args.start_when}: directory {folder} does not "
                              "exist (the agent would wait for ever)")
-    check_checkpoint(worker.checkpoint, worker.strategy)
+    _check_checkpoint_option(worker.checkpoint, worker.strategy)
     if settings.may_host_store:
         check_endpoint(settings)
     # Absolute paths: the printed torchrun command must work from any directory.
@@ -276,11 +248,11 @@ def check_demo(args: argparse.Namespace) -> DemoPlan:
         existing = workdir.resolve()
         while not existing.exists():  # the directory and its parents are made when it starts
             existing = existing.parent
-        why = _unwritable(existing)
+        why = commands.unwritable(existing)
         if why:
             raise UsageError(f"--workdir {workdir}: cannot be written in {existing} ({why})")
     if args.report is not None:
-        check_output_file("--report", args.report)
+        commands.check_output_file(args.report, "--report", new_folders=False)
     settings = DemoSettings(epochs=args.epochs, step_delay=args.step_delay,
                             external_store=args.external_store,
                             torchrun_defaults=args.torchrun_defaults, strategy=args.strategy,

@@ -27,6 +27,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ddpguide.core.commands import one_line
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, die_with_parent
 from ddpguide.elastic.checks import NodeOptions, StoreOptions
 from ddpguide.elastic.settings import AgentSettings
@@ -118,7 +119,7 @@ def _start_forkserver(strategy: str) -> None:
     os.environ["DDPGUIDE_AGENT_PID"] = str(os.getpid())  # see ddpguide.elastic.warm
     preload = ["ddpguide.elastic.warm"]
     if strategy == "fsdp":
-        preload.append("ddpguide.elastic.sharded")
+        preload.append("ddpguide.sharding.fsdp_strategy")
     multiprocessing.set_forkserver_preload(preload)
     forkserver.ensure_running()
 
@@ -129,7 +130,7 @@ def _failure_text(exc) -> str:
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", message)
-    return " ".join(str(message).split())[:300] or f"exit code {failure.exitcode}"
+    return one_line(message, 300) or f"exit code {failure.exitcode}"
 
 
 def _wait_for_go(options: NodeOptions) -> None:

@@ -11,6 +11,8 @@ import math
 import socket
 from dataclasses import dataclass, field
 
+from ddpguide.core.commands import InputError
+
 # torchrun's own defaults, for comparison (torch/distributed/elastic/rendezvous).
 TORCHRUN_RDZV_CONF = {
     "join_timeout": 600,          # a round must complete within this
@@ -38,8 +40,8 @@ TUNED_MONITOR_INTERVAL = 0.25
 STORE_SHARING_WORKAROUND = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-class UsageError(ValueError):
-    """Bad command-line input: reported as one line, exit code 2."""
+#: An invalid option (the message names it and its value): the package's one bad-input error.
+UsageError = InputError
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:

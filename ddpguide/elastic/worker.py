@@ -3,9 +3,9 @@
 ``node`` mode forks it from a warm forkserver (:func:`elastic_entry`); plain
 ``torchrun ... -m ddpguide.elastic.worker`` execs it (:func:`main`).
 
-It is the book's training core (:func:`ddpguide.train.loop.fit`) on the seed's toy
-model (with ``--strategy fsdp``, its sharded twin :func:`ddpguide.elastic.sharded.fit_sharded`),
-with three additions that make elasticity safe and visible:
+It is the book's training loop (:func:`ddpguide.train.loop.fit`) on the seed's toy
+model, with the DDP strategy (or, with ``--strategy fsdp``, FSDP2:
+:class:`ddpguide.sharding.fsdp_strategy.FSDP2`), with three additions that make elasticity safe and visible:
 
 * the training state lives in a checkpoint written atomically after every
   epoch (by rank 0; with ``fsdp`` by every rank, its own shards), so a
@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ddpguide.core.commands import one_line
 from ddpguide.core.processes import die_with_parent, exit_now
 from ddpguide.elastic.worker_args import WorkerArgs
 
@@ -77,12 +78,12 @@ def run(args: WorkerArgs) -> None:
     config = TrainConfig(model="toy", epochs=args.epochs, batch_size=args.batch_size,
                          checkpoint=args.checkpoint, step_delay_s=args.step_delay,
                          progress=False, log=True)
+    strategy = None  # the loop's default: DDP
     if args.strategy == "fsdp":
-        from ddpguide.elastic.sharded import fit_sharded
+        from ddpguide.sharding.fsdp_strategy import FSDP2
 
-        fit_sharded(config, toy_data(args.samples), on_event=on_event)
-    else:
-        fit(config, data=toy_data(args.samples), on_event=on_event)
+        strategy = FSDP2()
+    fit(config, data=toy_data(args.samples), on_event=on_event, strategy=strategy)
     if events and rank == 0:
         events.write("finished")
     cleanup()
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         # can name the root cause of a failed group.
         record(run)(args)
     except BaseException as exc:  # noqa: BLE001 - the process ends here either way
-        message = " ".join(str(exc).split())[:300]
+        message = one_line(exc, 300)
         print(f"[rank {os.environ.get('RANK', '?')}] worker failed: {type(exc).__name__}: {message}",
               file=sys.stderr)
         exit_now(1)

@@ -12,70 +12,42 @@ Nothing here imports torch: a bad value is reported at once.
 
 from __future__ import annotations
 
-import argparse
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ddpguide.core.commands import OneLineParser
+from ddpguide.core.commands import CommandLine, OneLineParser, option
+from ddpguide.core.timeouts import MAX_TIMEOUT_S
 from ddpguide.elastic.settings import UsageError
 
 # toy_data holds (samples + 128) x 10 float32 features in every worker.
 MAX_SAMPLES = 1_000_000
 MAX_STEP_DELAY_S = 60.0   # a stand-in for compute, not a way to stall a job
-MAX_TIMEOUT_S = 86_400.0  # datetime.timedelta and the stores take any day-sized timeout
 STRATEGIES = ("ddp", "fsdp")
 
 
-def _option(help: str, type: type, metavar: str | None = None, node_flag: str | None = None,
-            choices: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """Field metadata: how the field appears on a command line."""
-    return {"help": help, "type": type, "metavar": metavar, "node_flag": node_flag,
-            "choices": choices}
-
-
 @dataclass(frozen=True)
-class WorkerArgs:
+class WorkerArgs(CommandLine):
     """The options of ``python -m ddpguide.elastic.worker`` (one field per option)."""
 
-    checkpoint: str = field(metadata=_option(
-        "checkpoint shared by all nodes: a file, or a directory with --strategy fsdp", str, "PATH"))
-    epochs: int = field(default=12, metadata=_option("epochs to train in all", int, "N"))
-    events: str | None = field(default=None, metadata=_option(
-        "append JSON-lines events to this file", str, "PATH"))
-    step_delay: float = field(default=0.0, metadata=_option(
-        "seconds to sleep after each step (stands in for real compute)", float, "SECONDS"))
-    samples: int = field(default=256, metadata=_option("training samples per epoch", int, "N"))
-    batch_size: int = field(default=16, metadata=_option("samples per step, per worker", int, "N"))
-    timeout: float = field(default=30.0, metadata=_option(
-        "seconds before a collective gives up", float, "SECONDS", node_flag="--worker-timeout"))
-    strategy: str = field(default="ddp", metadata=_option(
+    checkpoint: str = field(metadata=option(
+        "checkpoint shared by all nodes: a file, or a directory with --strategy fsdp", str,
+        metavar="PATH"))
+    epochs: int = field(default=12, metadata=option("epochs to train in all", int, metavar="N"))
+    events: str | None = field(default=None, metadata=option(
+        "append JSON-lines events to this file", str, metavar="PATH"))
+    step_delay: float = field(default=0.0, metadata=option(
+        "seconds to sleep after each step (stands in for real compute)", float, metavar="SECONDS"))
+    samples: int = field(default=256, metadata=option("training samples per epoch", int,
+                                                      metavar="N"))
+    batch_size: int = field(default=16, metadata=option("samples per step, per worker", int,
+                                                        metavar="N"))
+    timeout: float = field(default=30.0, metadata=option(
+        "seconds before a collective gives up", float, metavar="SECONDS",
+        node_flag="--worker-timeout"))
+    strategy: str = field(default="ddp", metadata=option(
         "ddp: DDP, rank 0 saves one checkpoint file; fsdp: FSDP2 (fully_shard), every rank "
         "saves its shards into a DCP directory", str, choices=STRATEGIES))
-
-    @staticmethod
-    def flag(name: str, node: bool = False) -> str:
-        """The option that sets field ``name`` (in ``node`` mode's spelling with ``node``)."""
-        meta = WORKER_FIELDS[name].metadata
-        return (node and meta["node_flag"]) or "--" + name.replace("_", "-")
-
-    @classmethod
-    def add_arguments(cls, parser: argparse._ActionsContainer, node: bool = False) -> None:
-        """Add one option per field to ``parser`` (``dest`` is always the field's name)."""
-        for f in fields(cls):
-            meta = f.metadata
-            required = f.default is MISSING
-            help_text = meta["help"] + ("" if required or f.default is None
-                                        else f" (default {f.default})")
-            parser.add_argument(cls.flag(f.name, node), dest=f.name, type=meta["type"],
-                                required=required, choices=meta["choices"],
-                                metavar=meta["metavar"],
-                                default=None if required else f.default, help=help_text)
-
-    @classmethod
-    def from_namespace(cls, namespace: argparse.Namespace) -> WorkerArgs:
-        """The fields of a parsed command line (see :meth:`add_arguments`)."""
-        return cls(**{f.name: getattr(namespace, f.name) for f in fields(cls)})
 
     @classmethod
     def parse(cls, argv: list[str] | None = None,
@@ -89,20 +61,6 @@ class WorkerArgs:
             return args.validate()
         except UsageError as exc:
             parser.error(str(exc))
-
-    def argv(self, node: bool = False) -> list[str]:
-        """The command line these arguments come from (``node`` mode's spelling with ``node``).
-
-        The only place that writes a worker's command line; floats are written
-        with ``repr`` so that :meth:`parse` reads back exactly the same value.
-        """
-        out: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                text = repr(value) if isinstance(value, float) else str(value)
-                out += [self.flag(f.name, node), text]
-        return out
 
     def validate(self, node: bool = False) -> WorkerArgs:
         """Raise :class:`UsageError` naming the option and value of the first bad field.
@@ -138,4 +96,3 @@ class WorkerArgs:
         return self
 
 
-WORKER_FIELDS = {f.name: f for f in fields(WorkerArgs)}

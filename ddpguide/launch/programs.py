@@ -4,13 +4,15 @@ A chapter shows a program in full with :func:`show`, runs it with the command a
 reader would type with :func:`run` (in a fresh folder that holds only a copy of
 the program, as a reader who copied it would; its lines appear in the cell as
 they are printed), and shows the change from one program to the next with
-:func:`diff`. Every run is bounded: at the time limit the program's whole
+:func:`diff`. A check that needs the program's own classes or plans imports it
+with :func:`load`: the package keeps no copy of a program's model. Every run is bounded: at the time limit the program's whole
 process group is killed and :class:`ProgramTimeout` raised.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import re
 import shlex
@@ -22,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Sequence
 
 from ddpguide.core.processes import descendants, signal_all
@@ -82,6 +85,22 @@ def path_of(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"no program {name!r} in {PROGRAMS}")
     return path
+
+
+def load(name: str | os.PathLike) -> ModuleType:
+    """Import program ``name`` (below ``book/programs/``; or a ``Path``) as a module; its ``main`` does not run.
+
+    Each call imports the file afresh, so an edited program is what a check
+    sees; the module is named ``program_<stem>`` (never its own bare name,
+    which could shadow a library module).
+    """
+    path = Path(name) if isinstance(name, os.PathLike) or os.path.isabs(name) else path_of(name)
+    spec = importlib.util.spec_from_file_location(f"program_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"no program at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def show(name: str):

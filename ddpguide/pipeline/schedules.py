@@ -4,7 +4,9 @@
 schedule over all ranks, after checking that the batch splits into equal
 micro-batches (the library sizes its receive buffers from the first one).
 :func:`pipeline_worker` runs one step through the library or through the
-hand-written GPipe of :mod:`ddpguide.pipeline.p2p`, for the tests and chapter.
+hand-written GPipe (:func:`gpipe_step`, all forwards then all backwards, its
+messages sent with :mod:`ddpguide.pipeline.p2p`), for the tests and chapter.
+The tests check :func:`gpipe_step` against the library's ``ScheduleGPipe``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ddpguide.core.runtime import worker_device
-from ddpguide.pipeline.p2p import gpipe_step
+from ddpguide.pipeline.p2p import recv_activation, recv_tensor, send_activation, send_tensor
 from ddpguide.pipeline.stages import (
     SEED_SPLIT,
     LossFn,
@@ -88,6 +90,56 @@ def library_step(pipe: LibrarySchedule, x: torch.Tensor | None,
     if not pipe.is_last:
         return None, None
     return output, torch.stack(losses).sum()
+
+
+def gpipe_step(stage_module: nn.Module, x: torch.Tensor | None, target: torch.Tensor | None,
+               batch_size: int, split_size: int, loss_fn: LossFn,
+               device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One GPipe training step written with send/recv: all forwards, then all backwards.
+
+    Every rank holds one stage; ``x`` is needed on the first rank only, ``target``
+    on the last. Micro-batches may differ in size (the shape travels first).
+    Returns (output, loss) on the last rank, (None, None) elsewhere; gradients
+    are accumulated into ``stage_module``'s parameters.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first, last = rank == 0, rank == world - 1
+    n = num_microbatches(batch_size, split_size)
+    x_mbs = x.split(split_size) if first else [None] * n
+    t_mbs = target.split(split_size) if last else [None] * n
+
+    inputs, outputs, pending, results = [], [], [], []
+    # Fill: forward every micro-batch, keeping its input and output for backward
+    # (GPipe holds m micro-batches of activations per stage).
+    for i in range(n):
+        if first:
+            xi = x_mbs[i]
+        else:
+            # A received tensor has no autograd history: make it a leaf that
+            # collects the gradient to send back upstream.
+            xi = recv_activation(rank - 1, device).requires_grad_()
+        yi = stage_module(xi)
+        if last:
+            results.append(yi.detach())
+            yi = loss_fn(yi, t_mbs[i])          # the loss is this stage's output
+        else:
+            pending += send_activation(yi.detach(), rank + 1)
+        inputs.append(xi)
+        outputs.append(yi)
+    # Drain: backward in the same order; each stage needs the gradient of its
+    # output from the next stage and returns the gradient of its input.
+    for i in range(n):
+        if last:
+            outputs[i].backward()
+        else:
+            outputs[i].backward(recv_tensor(torch.empty_like(outputs[i]), rank + 1))
+        if not first:
+            pending += send_tensor(inputs[i].grad.contiguous(), rank - 1)
+    for work in pending:
+        work.wait()
+    if not last:
+        return None, None
+    return torch.cat(results), torch.stack([o.detach() for o in outputs]).sum()
 
 
 def pipeline_worker(kind: str, x: torch.Tensor, target: torch.Tensor, split_size: int,

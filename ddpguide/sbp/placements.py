@@ -22,16 +22,13 @@ group, is in :mod:`ddpguide.sbp.regions`.
 
 from __future__ import annotations
 
-import datetime
-import math
-import os
 import re
 from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
     DTensor,
     Partial,
@@ -42,7 +39,8 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.placement_types import Placement
 
-from ddpguide.core.runtime import select_runtime
+from ddpguide.core import mesh as core_mesh
+from ddpguide.core.mesh import mesh_device, mesh_device_type  # noqa: F401 (re-exported)
 
 SBPLike = Placement | str | Sequence[Placement | str]
 
@@ -132,40 +130,6 @@ def check_sbp(shape: Sequence[int], placements: Sequence[Placement]) -> tuple[Pl
 
 # ---------------------------------------------------------------- the cluster side
 
-def mesh_device_type() -> str:
-    """The mesh device type for this process group: ``cuda`` with nccl, ``cpu`` with gloo."""
-    backend = dist.get_backend() if dist.is_initialized() else None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return select_runtime(local, backend=backend).device_type
-
-
-def _group_timeout() -> datetime.timedelta | None:
-    """The default group's collective timeout, so mesh sub-groups inherit it.
-
-    DeviceMesh creates one process group per mesh dimension; without options
-    they get c10d's default timeout (30 minutes on gloo, 10 on nccl), and a bug
-    would hang that long.
-    """
-    try:
-        backend = dist.group.WORLD._get_backend(torch.device(mesh_device_type()))
-        return backend.options._timeout
-    except Exception:
-        return None
-
-
-def _backend_override(ndim: int) -> tuple | None:
-    timeout = _group_timeout()
-    if timeout is None:
-        return None
-    backend = dist.get_backend()
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-    else:
-        options = torch._C._distributed_c10d.Backend.Options(backend, timeout)
-    return tuple((backend, options) for _ in range(ndim))
-
-
 def _require_world() -> int:
     if not dist.is_initialized():
         raise SBPError(
@@ -176,25 +140,12 @@ def _require_world() -> int:
 
 
 def device_mesh(mesh_shape: Sequence[int], names: Sequence[str] | None = None) -> DeviceMesh:
-    """A row-major mesh of ranks ``0..prod(shape)-1`` (``init_device_mesh``), with timeouts.
-
-    The device type comes from the runtime (never hard-coded) and each mesh
-    dimension's process group gets the default group's timeout.
-    """
-    world = _require_world()
-    mesh_shape = tuple(int(s) for s in mesh_shape)
-    needed = math.prod(mesh_shape)
-    if needed > world:
-        raise SBPError(
-            f"mesh {mesh_shape} needs {needed} ranks but the world has only {world} "
-            f"(WORLD_SIZE={world})"
-        )
-    override = _backend_override(len(mesh_shape))
-    return init_device_mesh(
-        mesh_device_type(), mesh_shape,
-        mesh_dim_names=tuple(names) if names else None,
-        backend_override=dict(enumerate(override)) if override else None,
-    )
+    """:func:`ddpguide.core.mesh.device_mesh` (timeouts on every dimension), its errors as :class:`SBPError`."""
+    _require_world()
+    try:
+        return core_mesh.device_mesh(mesh_shape, names)
+    except ValueError as exc:
+        raise SBPError(str(exc)) from None
 
 
 def placement(ranks: Sequence, names: Sequence[str] | None = None) -> DeviceMesh:
@@ -216,15 +167,8 @@ def placement(ranks: Sequence, names: Sequence[str] | None = None) -> DeviceMesh
     return DeviceMesh(
         mesh_device_type(), grid,
         mesh_dim_names=tuple(names) if names else None,
-        backend_override=_backend_override(grid.dim()),
+        backend_override=core_mesh.subgroup_backends(grid.dim()),
     )
-
-
-def mesh_device(mesh: DeviceMesh) -> torch.device:
-    """The device this rank's pieces live on (its own GPU under nccl)."""
-    if mesh.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(mesh.device_type)
 
 
 def to_global(tensor: torch.Tensor, mesh: DeviceMesh, sbp: SBPLike) -> DTensor:

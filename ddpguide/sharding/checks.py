@@ -18,10 +18,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from ddpguide.core.models import mlp
 from ddpguide.launch.spawn import spawn
 from ddpguide.sbp.boxing_by_hand import collective_names
 from ddpguide.sharding.memory import measure
-from ddpguide.sharding.strategies import build, check_strategy, mlp
+from ddpguide.sharding.strategies import build, check_strategy
 from ddpguide.sharding.zero3 import ShardedModel
 
 # Linear(6, 10), Linear(10, 5), Linear(5, 3): 10 and 5 rows do not split evenly over 3

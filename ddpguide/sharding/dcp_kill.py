@@ -23,9 +23,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
+from ddpguide.core.models import Stack
 from ddpguide.sharding.dcp import find_checkpoint, load_sharded, save_sharded
 from ddpguide.sharding.dcp_workers import full_tensors
-from ddpguide.sharding.mesh2d import Stack
 
 POINTS = {
     "writing": "data files written, metadata not yet (inside dcp.save)",

@@ -21,22 +21,36 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from ddpguide.sbp.placements import device_mesh, mesh_device
+from ddpguide.core.mesh import device_mesh, mesh_device
+from ddpguide.launch import programs
 from ddpguide.sharding.dcp import load_sharded, save_sharded
-from ddpguide.sharding.mesh2d import Stack, mesh_2d, quiet_warnings
-from ddpguide.sharding.tensor_parallel import mlp_plan, parallelize
+from ddpguide.sharding.mesh2d import mesh_2d, quiet_warnings
+from ddpguide.sharding.tensor_parallel import parallelize
 
-DIM, HIDDEN = 8, 20  # 20 rows: 10 per rank on 2, 7 + 7 + 6 on 3, 5 per rank on 4
+#: The chapter's checkpoint program: its model is the one saved and loaded here.
+PROGRAM = "dcp_reshard.py"
+#: The tensor-parallel program: the ``tp`` layouts split each layer by its MLP plan.
+TP_PROGRAM = "tensor_parallel.py"
 BATCH = 12
 
 
 LAYOUTS = ("plain", "tp", "fsdp", "fsdp_tp")
 
 
+def model_of_program(extra_hidden: int = 0) -> nn.Module:
+    """The checkpoint program's ``Model`` (``book/programs/dcp_reshard.py``), built afresh.
+
+    ``extra_hidden`` widens its hidden layers: another model, whose checkpoint must not load.
+    """
+    source = programs.load(PROGRAM)
+    source.HIDDEN += extra_hidden  # this fresh module's own constant: the file is untouched
+    return source.Model()
+
+
 def sharded_model(seed: int, layout: str = "fsdp",
-                  hidden: int = HIDDEN) -> tuple[nn.Module, Any, tuple[int, int]]:
-    """A float32 :class:`Stack` laid out over every rank, Adam over its parameters, and this
-    rank's data share as ``(index, count)`` (the ranks of a TP group read the same share).
+                  extra_hidden: int = 0) -> tuple[nn.Module, Any, tuple[int, int]]:
+    """The program's model in float32 laid out over every rank, Adam over its parameters, and
+    this rank's data share as ``(index, count)`` (the ranks of a TP group read the same share).
 
     Layouts: ``plain`` (one process, no process group), ``tp`` (tensor parallelism over all
     ranks), ``fsdp`` (FSDP2 over all ranks), ``fsdp_tp`` (the 2x2 mesh, 4 ranks).
@@ -55,10 +69,10 @@ def sharded_model(seed: int, layout: str = "fsdp",
         dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
         device = mesh_device(mesh)
     torch.manual_seed(seed)
-    model = Stack(DIM, hidden).to(device)
+    model = model_of_program(extra_hidden).to(device)
     for layer in model.layers:
         if tp_mesh is not None:
-            parallelize(layer, tp_mesh, mlp_plan())
+            parallelize(layer, tp_mesh, programs.load(TP_PROGRAM).cases()["mlp"][2])
         if dp_mesh is not None:
             fully_shard(layer, mesh=dp_mesh)
     if dp_mesh is not None:
@@ -101,7 +115,8 @@ def train_and_save(directory: str, layout: str = "fsdp", steps: int = 2, seed: i
     device = next(model.parameters()).device
     # Shares by data-parallel index: the ranks of a tensor-parallel group must read the
     # same batch (ColwiseParallel takes each rank's input to be the same replicated tensor).
-    x, y = (torch.randn(BATCH, DIM, generator=gen).to(device).chunk(shares)[share] for _ in range(2))
+    dim = model.layers[0].up.in_features
+    x, y = (torch.randn(BATCH, dim, generator=gen).to(device).chunk(shares)[share] for _ in range(2))
     for _ in range(steps):
         optimizer.zero_grad()
         F.mse_loss(model(x), y).backward()
@@ -121,9 +136,9 @@ def load_and_gather(directory: str, layout: str = "fsdp", seed: int = 123) -> di
             "pieces": _pieces(model)}
 
 
-def load_another_model(directory: str, hidden: int = HIDDEN + 4) -> dict:
+def load_another_model(directory: str, extra_hidden: int = 4) -> dict:
     """Worker: load into a model of another size; returns the error and whether weights changed."""
-    model, optimizer, _ = sharded_model(0, "fsdp", hidden)
+    model, optimizer, _ = sharded_model(0, "fsdp", extra_hidden)
     before = full_tensors(model, optimizer)
     try:
         load_sharded(model, optimizer, directory)

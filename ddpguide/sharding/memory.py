@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddpguide.sharding.strategies import STRATEGIES, ZERO_STAGE, Trainer, build, mlp
+from ddpguide.core.models import mlp
+from ddpguide.sharding.strategies import STRATEGIES, ZERO_STAGE, Trainer, build
 
 FP32_ADAM = {"params": 4, "grads": 4, "optimizer": 8}  # bytes per parameter
 DIVIDED_BY_N = {0: (), 1: ("optimizer",), 2: ("grads", "optimizer"),

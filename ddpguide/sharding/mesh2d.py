@@ -7,8 +7,9 @@ batch. HSDP is ``fully_shard`` given the whole 2-D mesh: parameters sharded
 along the second dimension and replicated along the first, with every rank
 reading its own share of the batch.
 
-The workers train a few SGD steps in float64 and compare losses and weights
-with one process training the same model on the whole batch.
+The workers import the chapter's program (``book/programs/fsdp_tp_2d.py``) and
+use its model, its two layouts and its SGD loop, in float64, then compare losses
+and weights with one process training the same model on the whole batch.
 """
 
 from __future__ import annotations
@@ -16,32 +17,18 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
 
-from ddpguide.sbp.placements import device_mesh, mesh_device
-from ddpguide.sharding.tensor_parallel import MLP, mlp_plan, parallelize
+from ddpguide.core.mesh import device_mesh, mesh_device
+from ddpguide.launch import programs
 
-DIM, HIDDEN, LAYERS, BATCH = 8, 32, 2, 8
-
-
-class Stack(nn.Module):
-    """Residual MLP layers: ``x + mlp(x)``, ``LAYERS`` times."""
-
-    def __init__(self, dim: int = DIM, hidden: int = HIDDEN, layers: int = LAYERS):
-        super().__init__()
-        self.layers = nn.ModuleList(MLP(dim, hidden) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + layer(x)
-        return x
+#: The chapter's program: its model, its layouts and its training loop are what is checked.
+PROGRAM = "fsdp_tp_2d.py"
 
 
 def check_mesh_shape(shape: Sequence[int], world_size: int) -> tuple[int, ...]:
@@ -71,35 +58,12 @@ def quiet_warnings() -> None:
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def _data(device: torch.device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(BATCH, DIM, generator=gen, dtype=torch.float64)
-    return x.to(device), torch.randn(BATCH, DIM, generator=gen, dtype=torch.float64).to(device)
-
-
-def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float,
-           group=None, shares: int = 1) -> list[float]:
-    """SGD on (x, y); the loss recorded is the mean of the ``shares`` ranks' mean losses."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        total = loss.detach().clone()
-        if shares > 1:
-            dist.all_reduce(total, group=group)
-        losses.append(total.item() / shares)
-    return losses
-
-
-def _compare(model: nn.Module, losses: list[float], x: torch.Tensor, y: torch.Tensor,
-             steps: int, lr: float, seed: int) -> dict:
-    """Train the plain model on the whole batch here (one process) and compare."""
+def _compare(source, model: nn.Module, losses: list[float], x: torch.Tensor,
+             y: torch.Tensor, seed: int) -> dict:
+    """Train the program's plain model on the whole batch here (one process) and compare."""
     torch.manual_seed(seed)
-    plain = Stack().to(x.device, torch.float64)
-    plain_losses = _train(plain, x, y, steps, lr)
+    plain = source.Model().to(x.device, torch.float64)
+    plain_losses = source.train(plain, x, y)
     plain_params = dict(plain.named_parameters())
     differences = [abs(a - b) for a, b in zip(losses, plain_losses)]
     rows, held = [], None
@@ -118,44 +82,32 @@ def _compare(model: nn.Module, losses: list[float], x: torch.Tensor, y: torch.Te
             "max_difference": worst.item(), "parameters": rows, "rows_held": held}
 
 
-def _train_and_compare(mesh: DeviceMesh, shard: Callable[[nn.Module], None],
-                       share: int, shares: int, group, steps: int, lr: float, seed: int) -> dict:
-    """Build the model, lay it out with ``shard``, train on share ``share`` of ``shares``."""
+def _train_and_compare(program: str, mesh: DeviceMesh, layout: str, share: int, shares: int,
+                       group, seed: int) -> dict:
+    """The program's model laid out by its function ``layout``, trained by its ``train`` on
+    share ``share`` of ``shares`` of its data; then compared with one process."""
     quiet_warnings()
+    source = programs.load(program)
     device = mesh_device(mesh)
-    x, y = _data(device, seed)
+    x, y = source.data(device.type)
     torch.manual_seed(seed)
-    model = Stack().to(device, torch.float64)
-    shard(model)
-    losses = _train(model, x.chunk(shares)[share], y.chunk(shares)[share], steps, lr, group, shares)
+    model = getattr(source, layout)(source.Model().to(device, torch.float64), mesh)
+    losses = source.train(model, x.chunk(shares)[share], y.chunk(shares)[share], group, shares)
     return {"mesh": mesh.mesh.tolist(), "coordinate": tuple(mesh.get_coordinate()),
-            **_compare(model, losses, x, y, steps, lr, seed)}
+            "steps": source.STEPS, **_compare(source, model, losses, x, y, seed)}
 
 
-def fsdp_tp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:
-    """Worker (4 ranks): TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]``, vs one process."""
+def fsdp_tp(program: str = PROGRAM, seed: int = 0) -> dict:
+    """Worker (4 ranks): the program's TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]``, vs one process."""
     mesh = mesh_2d((2, 2), ("dp", "tp"))
-
-    def shard(model: nn.Module) -> None:
-        for layer in model.layers:
-            parallelize(layer, mesh["tp"], mlp_plan())  # first split by TP, then shard by FSDP
-            fully_shard(layer, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-
     dp = mesh["dp"]  # the two ranks of a tp row read the same share
-    return _train_and_compare(mesh, shard, dp.get_local_rank(), dp.size(), dp.get_group(),
-                              steps, lr, seed)
+    return _train_and_compare(program, mesh, "shard_fsdp_x_tp", dp.get_local_rank(), dp.size(),
+                              dp.get_group(), seed)
 
 
-def hsdp(steps: int = 3, lr: float = 0.1, seed: int = 0) -> dict:
-    """Worker (4 ranks): ``fully_shard`` on a (replicate, shard) mesh, vs one process."""
+def hsdp(program: str = PROGRAM, seed: int = 0) -> dict:
+    """Worker (4 ranks): the program's ``fully_shard`` on a (replicate, shard) mesh, vs one process."""
     mesh = mesh_2d((2, 2), ("replicate", "shard"))
-
-    def shard(model: nn.Module) -> None:
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-
     # every rank is data-parallel here
-    return _train_and_compare(mesh, shard, dist.get_rank(), dist.get_world_size(), None,
-                              steps, lr, seed)
+    return _train_and_compare(program, mesh, "shard_hsdp", dist.get_rank(),
+                              dist.get_world_size(), None, seed)

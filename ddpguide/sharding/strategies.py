@@ -27,12 +27,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddpguide.core.mesh import device_mesh
+from ddpguide.core.runtime import worker_device
 from ddpguide.sharding.zero3 import ShardedModel
 
 STRATEGIES = ("single", "ddp", "zero1", "zero2_hand", "zero3_hand", "fsdp2")
@@ -107,7 +108,7 @@ def layers_with_parameters(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp2(model: nn.Module, reshard_after_forward: bool = True, mp_policy=None) -> nn.Module:
     """``fully_shard`` on every layer, then on the root (FSDP2's usual pattern)."""
-    mesh = init_device_mesh(_device_type(), (dist.get_world_size(),))
+    mesh = device_mesh((dist.get_world_size(),))
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         kwargs["mp_policy"] = mp_policy
@@ -142,24 +143,7 @@ def build(name: str, model: nn.Module, lr: float = 1e-2, *, reshard_after_forwar
         on_meta = any(p.is_meta for p in model.parameters())
         apply_fsdp2(model, reshard_after_forward)
         if on_meta:
-            model.to_empty(device=device or _device_type())
+            model.to_empty(device=device or worker_device())
         return Trainer(name, model, torch.optim.Adam(model.parameters(), lr=lr), names=names)
     sharded = ShardedModel(model, free_after_use=(name == "zero3_hand"), device=device)
     return Trainer(name, model, torch.optim.Adam(sharded.parameters(), lr=lr), sharded, names)
-
-
-def _device_type() -> str:
-    return "cuda" if dist.get_backend() == "nccl" else "cpu"
-
-
-def mlp(widths: tuple[int, ...], activation: Callable[[], nn.Module] = nn.Tanh,
-        dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> nn.Sequential:
-    """``Linear(w0, w1), act, Linear(w1, w2), act, ..., Linear(w[-2], w[-1])``."""
-    if len(widths) < 2 or any(not isinstance(w, int) or w < 1 for w in widths):
-        raise ValueError(f"widths must be at least two positive integers, got {widths!r}")
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        if i:
-            layers.append(activation())
-        layers.append(nn.Linear(a, b, dtype=dtype, device=device))
-    return nn.Sequential(*layers)

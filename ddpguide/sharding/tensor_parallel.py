@@ -1,7 +1,8 @@
-"""Tensor parallelism with ``parallelize_module``: plans, a plan check, and checks against one process.
+"""Tensor parallelism with ``parallelize_module``: a plan check, and checks against one process.
 
 The chapter's program (``book/programs/tensor_parallel.py``) teaches the idea;
-this module keeps the same three cases as worker functions that return data:
+this module imports that program and runs its three cases (its modules and its
+plans, :func:`cases`) as worker functions that return data:
 
 * a Megatron-style MLP: ``up`` column-parallel, GELU, ``down`` row-parallel;
 * an attention block: ``q``, ``k``, ``v`` column-parallel (whole heads per
@@ -18,92 +19,35 @@ from __future__ import annotations
 
 import warnings
 from fnmatch import fnmatch
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from ddpguide.launch import programs
 from ddpguide.sbp.boxing_by_hand import collective_names
-from ddpguide.sbp.placements import device_mesh, mesh_device
+from ddpguide.core.mesh import device_mesh, mesh_device
 
 TOLERANCE = 1e-12  # float64: the differences are rounding (about 1e-15)
-DIM, HIDDEN, HEADS, BATCH, SEQ = 16, 64, 4, 2, 8
 
 
-class MLP(nn.Module):
-    """Linear up, GELU, Linear down (the feed-forward half of a transformer layer)."""
-
-    def __init__(self, dim: int = DIM, hidden: int = HIDDEN):
-        super().__init__()
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+#: The chapter's program: its modules and plans are the ones checked here (no copy).
+PROGRAM = "tensor_parallel.py"
 
 
-class Attention(nn.Module):
-    """Causal self-attention; ``-1`` heads is all of them, or this rank's share under TP."""
+def cases(program: str = PROGRAM) -> dict[str, tuple]:
+    """The program's cases, by name: ``(title, module class, plan, split input dim or None)``.
 
-    def __init__(self, dim: int = DIM, heads: int = HEADS):
-        super().__init__()
-        self.head_dim = dim // heads
-        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = (f(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
-                   for f in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
-
-
-class Block(nn.Module):
-    """LayerNorm, MLP and a residual connection."""
-
-    def __init__(self, dim: int = DIM, hidden: int = HIDDEN):
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.mlp = MLP(dim, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.norm(x))
-
-
-def mlp_plan() -> dict[str, ParallelStyle]:
-    return {"up": ColwiseParallel(), "down": RowwiseParallel()}
-
-
-def attention_plan() -> dict[str, ParallelStyle]:
-    return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-            "out": RowwiseParallel()}
-
-
-def sequence_parallel_plan() -> dict[str, ParallelStyle]:
-    return {"norm": SequenceParallel(),
-            "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
-            "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
-
-
-# name: (model class, plan, tensor dim of the input that is split over ranks, or None)
-CASES: dict[str, tuple[Callable[[], nn.Module], Callable[[], dict], int | None]] = {
-    "mlp": (MLP, mlp_plan, None),
-    "attention": (Attention, attention_plan, None),
-    "sequence_parallel": (Block, sequence_parallel_plan, 1),
-}
+    Read from the program itself (:func:`ddpguide.launch.programs.load`), so a
+    changed plan in the program is a changed check and a changed table.
+    """
+    return programs.load(program).cases()
 
 
 def _matches(name: str, key: str) -> bool:
@@ -148,26 +92,26 @@ def _watch(model: nn.Module, plan: dict) -> dict[str, dict]:
     return seen
 
 
-def compare_with_one_process(case: str = "mlp", seed: int = 0) -> dict:
-    """Worker: ``case`` parallelized over all ranks vs the plain module, float64.
+def compare_with_one_process(case: str = "mlp", seed: int = 0, program: str = PROGRAM) -> dict:
+    """Worker: the program's ``case`` parallelized over all ranks vs the plain module, float64.
 
     Returns the largest difference (output, input gradient, every parameter
     gradient) over every rank, a placement table and the collectives that
     ``CommDebugMode`` saw in one forward and one backward.
     """
-    make, plan_of, split_dim = CASES[case]
+    source = programs.load(program)
+    _, make, plan, split_dim = source.cases()[case]
     mesh = device_mesh((dist.get_world_size(),))
     device = mesh_device(mesh)
     torch.manual_seed(seed)
     plain = make().to(device, torch.float64)
     split = make().to(device, torch.float64)
     split.load_state_dict(plain.state_dict())
-    plan = plan_of()
     seen = _watch(split, plan)
     parallelize(split, mesh, plan)
 
     torch.manual_seed(seed + 1)
-    x = torch.randn(BATCH, SEQ, DIM, dtype=torch.float64, device=device)
+    x = torch.randn(source.BATCH, source.SEQ, source.DIM, dtype=torch.float64, device=device)
     x_plain = x.clone().requires_grad_(True)
     expected = plain(x_plain)
     expected.pow(2).sum().backward()
@@ -189,7 +133,8 @@ def compare_with_one_process(case: str = "mlp", seed: int = 0) -> dict:
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         differences.append((grad - plain_params[name].grad).abs().max().item())
         rows.append({"tensor": name, "placements": _placements(p),
-                     "local shape": tuple(p.to_local().shape), "global shape": tuple(p.shape),
+                     "local shape": tuple((p.to_local() if isinstance(p, DTensor) else p).shape),
+                     "global shape": tuple(p.shape),
                      "gradient": _placements(p.grad)})
     worst = torch.tensor(max(differences), dtype=torch.float64, device=device)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
@@ -197,23 +142,24 @@ def compare_with_one_process(case: str = "mlp", seed: int = 0) -> dict:
                     "hands on": str(getattr(plan[name], "output_layouts",
                                             getattr(plan[name], "sequence_sharding", "")))}
                    for name, s in seen.items()]
-    return {"case": case, "world": mesh.size(), "max_difference": worst.item(),
+    return {"case": case, "program": program, "world": mesh.size(), "max_difference": worst.item(),
             "parameters": rows, "activations": activations,
             "forward_comms": collective_names(forward.get_comm_counts()),
             "backward_comms": collective_names(backward.get_comm_counts())}
 
 
-def compare_all(seed: int = 0) -> dict[str, dict]:
-    """Worker: :func:`compare_with_one_process` for every case, by name."""
-    return {case: compare_with_one_process(case, seed) for case in CASES}
+def compare_all(program: str = PROGRAM, seed: int = 0) -> dict[str, dict]:
+    """Worker: :func:`compare_with_one_process` for every case of ``program``, by name."""
+    return {case: compare_with_one_process(case, seed, program) for case in cases(program)}
 
 
-def typo_in_plan(key: str = "dwn") -> dict[str, Any]:
+def typo_in_plan(key: str = "dwn", program: str = PROGRAM) -> dict[str, Any]:
     """Worker: a plan entry naming no submodule, given to ``parallelize_module`` and to ours.
 
     Returns what each said, and whether ``parallelize_module`` left ``down``
-    as a plain (unsplit) layer.
+    as a plain (unsplit) layer. The layer is the program's ``MLP``.
     """
+    MLP = programs.load(program).MLP
     mesh = device_mesh((dist.get_world_size(),))
     plan = {"up": ColwiseParallel(), key: RowwiseParallel()}
     model = MLP().to(mesh_device(mesh))

@@ -45,13 +45,9 @@ from ddpguide.core.runtime import (
     Runtime,
     select_runtime,
 )
-from ddpguide.train.amp import AMP_CHOICES
+from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 from ddpguide.train.cli_inputs import PROG, check_inputs
 from ddpguide.train.loop import TrainConfig, TrainResult, fit
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
-MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0  # a week: longer is a typo, not a plan
-MAX_SEED = 2 ** 64 - 1  # torch.manual_seed takes no more
 
 
 class DeliberateCrash(RuntimeError):
@@ -60,7 +56,6 @@ class DeliberateCrash(RuntimeError):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by the tests of the cluster recipes)."""
-    defaults = TrainConfig()
     parser = OneLineParser(
         prog=PROG,
         description="Train the book's ConvNet with DistributedDataParallel: one process "
@@ -72,38 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
                "      --rdzv-endpoint=HOST:29500 --rdzv-id=JOB -m ddpguide.train --amp auto",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    TrainConfig.add_arguments(parser)  # one option per field: --epochs, --batch-size, ...
     add = parser.add_argument
-    add("--epochs", type=integer(0), default=defaults.epochs, metavar="N",
-        help=f"passes over the training set (default {defaults.epochs})")
-    add("--batch-size", type=integer(1), default=defaults.batch_size, metavar="B",
-        help="samples per step on each rank; the global batch is B x WORLD_SIZE "
-             f"(default {defaults.batch_size})")
-    add("--lr", type=positive_float(), default=defaults.lr, metavar="LR",
-        help=f"SGD learning rate (default {defaults.lr})")
-    add("--seed", type=integer(0, MAX_SEED), default=defaults.seed, metavar="S",
-        help="seed of the model initialisation, the same on every rank "
-             f"(default {defaults.seed})")
-    add("--dataset", choices=("auto", "mnist", "digits"), default=defaults.dataset,
-        help="mnist (local files only), digits (bundled with scikit-learn), or auto: "
-             "MNIST when its files exist, else digits (default auto)")
-    add("--max-steps-per-epoch", type=integer(1), default=None, metavar="N",
-        help="stop each epoch after N steps (quick runs; default: the whole epoch)")
-    add("--amp", choices=AMP_CHOICES, default=defaults.amp,
-        help="mixed precision: off, auto (fp16 on CUDA, bf16 on CPU), bf16 or fp16 (default off)")
-    add("--sync-bn", action="store_true",
-        help="convert BatchNorm layers to synchronised batch norm across ranks")
-    add("--checkpoint", metavar="FILE", default=None,
-        help="rank 0 saves here after every epoch; a run finding the file resumes from it")
-    add("--no-eval", action="store_true", help="skip the test-set evaluation after each epoch")
     add("--device", choices=("auto", *DEVICE_TYPES), default="auto",
         help="cuda (one GPU per local rank) or cpu; auto: cuda when this machine has a GPU "
              "for every local rank (default auto)")
     add("--backend", choices=("auto", *BACKENDS), default="auto",
         help="process-group backend: nccl (GPUs) or gloo (CPU); auto follows the device "
              "(default auto)")
-    add("--timeout", type=positive_float(MAX_COLLECTIVE_TIMEOUT_S), default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="S",
+    add("--timeout", type=positive_float(MAX_TIMEOUT_S), default=DEFAULT_TIMEOUT_S, metavar="S",
         help="seconds a collective may wait for the other ranks before it raises "
-             f"(default {DEFAULT_COLLECTIVE_TIMEOUT_S:g})")
+             f"(default {DEFAULT_TIMEOUT_S:g})")
     add("--json", metavar="FILE", default=None,
         help="rank 0 writes a summary of the run (per-epoch loss and accuracy, its step "
              "losses, the configuration) to FILE")
@@ -113,18 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
              "until torchrun stops them")
     add("--crash-rank", type=integer(0), default=0, metavar="R",
         help="the global rank that crashes with --crash-at-epoch (default 0)")
-    add("--quiet", action="store_true", help="no per-epoch log lines")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The :class:`TrainConfig` the arguments describe (validated)."""
-    return TrainConfig(
-        dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        seed=args.seed, max_steps_per_epoch=args.max_steps_per_epoch,
-        checkpoint=args.checkpoint, amp=args.amp, sync_bn=args.sync_bn,
-        evaluate=not args.no_eval, log=not args.quiet,
-    ).validate()
+    """The :class:`TrainConfig` the arguments describe (checked when it is made)."""
+    return TrainConfig.from_namespace(args)
 
 
 def run(config: TrainConfig, env: DistEnv, runtime: Runtime,
@@ -191,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         env, runtime = process_group.setup(env, runtime, timeout_s=args.timeout)
         try:
-            if not args.quiet:
+            if config.log:
                 rank_print(f"world size {env.world_size} ({env.local_world_size} per node), "
                            f"backend {runtime.backend} on {runtime.device_type}, "
                            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")

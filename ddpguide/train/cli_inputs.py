@@ -12,12 +12,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from ddpguide.core.checkpoint import (
-    CheckpointError,
-    check_checkpoint_fits,
-    check_checkpoint_target,
-    previous_path,
-)
+from ddpguide.core.checkpoint import CheckpointError, check_resumable, previous_path
 from ddpguide.core.commands import InputError, check_output_file, json_with_keys
 from ddpguide.core.data import mnist_available, mnist_root
 from ddpguide.core.models import build_model
@@ -26,21 +21,6 @@ from ddpguide.train.loop import TrainConfig
 PROG = "python -m ddpguide.train"
 #: The keys of a summary this command wrote (``--json``): such a file may be replaced.
 SUMMARY_KEYS = ("argv", "config", "result")
-
-
-def check_checkpoint(path: str, config: TrainConfig, is_writer: bool) -> None:
-    """``--checkpoint``: absent or readable and fitting the model; writable by the writer."""
-    if not path:
-        raise InputError("--checkpoint", "empty file name")
-    try:
-        if is_writer:
-            check_checkpoint_target(path)
-        # The run warns about a damaged latest file when it loads the fallback; once is enough.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            check_checkpoint_fits(path, build_model(config.model))
-    except CheckpointError as exc:
-        raise InputError("--checkpoint", str(exc)) from None
 
 
 def check_inputs(args: argparse.Namespace, config: TrainConfig, is_writer: bool) -> None:
@@ -53,7 +33,15 @@ def check_inputs(args: argparse.Namespace, config: TrainConfig, is_writer: bool)
         raise InputError("--dataset", f"mnist files not found under {mnist_root() / 'MNIST' / 'raw'} "
                                       "(set DDPGUIDE_MNIST_ROOT, or use --dataset digits)")
     if args.checkpoint is not None:
-        check_checkpoint(args.checkpoint, config, is_writer)
+        if not args.checkpoint:
+            raise InputError("--checkpoint", "empty file name")
+        try:
+            # The run warns about a damaged latest file when it loads the fallback; once is enough.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                check_resumable(args.checkpoint, build_model(config.model), writer=is_writer)
+        except CheckpointError as exc:
+            raise InputError("--checkpoint", str(exc)) from None
     if args.json is not None and is_writer:
         protected = []
         if args.checkpoint:

@@ -20,13 +20,35 @@ from ddpguide.launch.spawn import WorkerError, spawn
 TINY_BENCH = ([4096, 2**20], 1, bench.CASES, 1)  # exercises the suite, times nothing
 
 
+def _ring_exchange() -> dict:
+    """Worker: each rank sends its rank to the right and receives from the left, in one
+    :func:`ddpguide.collectives.p2p.send_recv` (the rule every hand-written exchange uses)."""
+    import torch.distributed as dist
+
+    from ddpguide.collectives.p2p import send_recv, wait
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine, got = torch.full((3,), float(rank)), torch.empty(3)
+    wait(send_recv(mine, (rank + 1) % world, got, (rank - 1) % world))
+    # an empty message is skipped on both sides (gloo never completes a 0-byte send)
+    skipped = send_recv(torch.empty(0), (rank + 1) % world, torch.empty(0), (rank - 1) % world)
+    return {"got": got.tolist(), "skipped": len(skipped)}
+
+
 def _calls(world: int) -> dict[str, tuple]:
-    calls = {"library": (demos.compare_with_library,),
+    calls = {"exchange": (_ring_exchange,), "library": (demos.compare_with_library,),
              "trace": (demos.ring_trace_demo, 2),
              "bench": (bench.measure, *TINY_BENCH)}
     if world == 4:
         calls["primitives"] = (demos.primitives_demo,)
     return calls
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_send_recv_passes_a_ring_on_and_skips_empty_messages(spawned, world):
+    for rank, result in enumerate(spawned(world)):
+        assert result["exchange"] == {"got": [float((rank - 1) % world)] * 3, "skipped": 0}
 
 
 @pytest.mark.timeout(240)

@@ -195,7 +195,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_is_overwritten(case, tmp_path,
         expect = "must be a new or empty directory"
     elif case == "demo-report":
         args = ["--report", str(tmp_path / "missing" / "r.json")]
-        expect = "is not writable"
+        expect = "does not exist"
     elif case == "unknown-option":
         args = [*args, "--frobnicate"]
         expect = "unrecognized arguments: --frobnicate"

@@ -23,19 +23,19 @@ from ddpguide.elastic import node
 from ddpguide.elastic.demo import DemoSettings, run_cli
 from ddpguide.elastic.report import RunLog, build_report, summary
 from ddpguide.elastic.settings import UsageError
-from ddpguide.elastic.sharded import fit_sharded, replay
 from ddpguide.elastic.worker import toy_data
 from ddpguide.elastic.worker_args import WorkerArgs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding.dcp import load_sharded, read_extra, save_sharded
-from ddpguide.train.loop import TrainConfig
+from ddpguide.sharding.fsdp_strategy import FSDP2, replay
+from ddpguide.train.loop import TrainConfig, fit
 
 TOLERANCE = 1e-6  # float32 sums in another order (ranks' gradients reduced, not one batch)
 
 
 def _config(checkpoint: Path, epochs: int) -> TrainConfig:
     return TrainConfig(model="toy", epochs=epochs, batch_size=8, checkpoint=str(checkpoint),
-                       log=False, progress=False)
+                       log=False, progress=False, evaluate=False)
 
 
 def _close(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
@@ -46,10 +46,12 @@ def _close(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) 
 @pytest.mark.timeout(240)
 def test_saved_by_2_resumes_on_3_at_the_next_epoch_and_loads_into_one_process(tmp_path):
     checkpoint, data = tmp_path / "checkpoint", toy_data(64)
-    two = spawn(fit_sharded, 2, _config(checkpoint, 2), data, timeout=150, echo=False)
+    two = spawn(fit, 2, _config(checkpoint, 2), data=data, strategy=FSDP2(), timeout=150,
+                echo=False)
     assert [(r.start_epoch, r.saved_by) for r in two] == [(0, None)] * 2
     assert read_extra(checkpoint)["world_size"] == 2
-    three = spawn(fit_sharded, 3, _config(checkpoint, 4), data, timeout=150, echo=False)
+    three = spawn(fit, 3, _config(checkpoint, 4), data=data, strategy=FSDP2(), timeout=150,
+                  echo=False)
     assert [(r.start_epoch, r.saved_by) for r in three] == [(2, 2)] * 3
     history = three[0].history
     assert [(h["epoch"], h["world_size"]) for h in history] == [(0, 2), (1, 2), (2, 3), (3, 3)]

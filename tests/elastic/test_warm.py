@@ -34,7 +34,7 @@ child.wait()
 
 @pytest.mark.parametrize("strategy, modules", [
     ("ddp", ["ddpguide.elastic.warm"]),
-    ("fsdp", ["ddpguide.elastic.warm", "ddpguide.elastic.sharded"]),
+    ("fsdp", ["ddpguide.elastic.warm", "ddpguide.sharding.fsdp_strategy"]),
 ])
 def test_node_mode_preloads_this_module(monkeypatch, strategy, modules):
     import multiprocessing

@@ -39,7 +39,7 @@ def test_bad_worker_input_from_a_shell(tmp_path):
                             capture_output=True, text=True, timeout=50, check=False)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == ("python -m ddpguide.elastic.worker: error: --timeout -1: must be a "
-                             "number of seconds above 0, at most 86400 (see --help)\n")
+                             "number of seconds above 0, at most 604800 (see --help)\n")
     assert list(tmp_path.iterdir()) == []
 
 

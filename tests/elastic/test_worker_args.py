@@ -55,9 +55,9 @@ def test_the_cluster_and_the_printed_command_use_the_same_argv(tmp_path):
     ({"batch_size": -3}, False, "--batch-size -3: must be at least 1"),
     ({"step_delay": float("nan")}, False,
      "--step-delay nan: must be a number of seconds from 0 to 60"),
-    ({"timeout": -1.0}, False, "--timeout -1: must be a number of seconds above 0, at most 86400"),
+    ({"timeout": -1.0}, False, "--timeout -1: must be a number of seconds above 0, at most 604800"),
     ({"timeout": float("inf")}, True,
-     "--worker-timeout inf: must be a number of seconds above 0, at most 86400"),
+     "--worker-timeout inf: must be a number of seconds above 0, at most 604800"),
     ({"checkpoint": ""}, True, "--checkpoint '': must not be empty"),
     ({"events": ""}, True, "--events '': must not be empty"),
 ])

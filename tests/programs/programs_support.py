@@ -8,7 +8,6 @@ killed when the run ends, however it ends.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
+from ddpguide.launch import programs
 from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE, processes_of_launch
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -37,10 +37,7 @@ def copy_program(name: str, folder: Path) -> Path:
 
 def load_program(path: Path) -> ModuleType:
     """Import a copied program as a module (its ``__main__`` block does not run)."""
-    spec = importlib.util.spec_from_file_location(f"program_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return programs.load(path)
 
 
 def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import pytest
 
+from ddpguide.launch import programs
 from ddpguide.sharding import mesh2d
 from ddpguide.sharding.tensor_parallel import TOLERANCE
 
 
+PROGRAM = programs.load(mesh2d.PROGRAM)  # the chapter's program: its model is what is checked
+
+
 def _calls(world: int) -> dict[str, tuple]:
-    return {"fsdp_tp": (mesh2d.fsdp_tp, 3, 0.1), "hsdp": (mesh2d.hsdp, 3, 0.1)}
+    return {"fsdp_tp": (mesh2d.fsdp_tp,), "hsdp": (mesh2d.hsdp,)}
 
 
 @pytest.mark.timeout(400)
@@ -25,7 +29,7 @@ def test_2d_training_equals_one_process(spawned, layout):
         assert report["coordinate"] == (rank // 2, rank % 2)
         # losses of all 3 steps and every weight afterwards, worst over the 4 ranks
         assert report["max_difference"] <= TOLERANCE, (rank, report["max_difference"])
-        assert len(report["losses"]) == 3
+        assert len(report["losses"]) == PROGRAM.STEPS == 3
         assert report["losses"][-1] < report["losses"][0]  # it trained
 
 
@@ -34,7 +38,7 @@ def test_2d_placements(spawned):
     fsdp_tp = {r["parameter"]: r for r in spawned(4)[0]["fsdp_tp"]["parameters"]}
     # TP splits dim 0 of `up` over "tp", FSDP splits the piece again over "dp"
     assert fsdp_tp["layers.0.up.weight"]["placements"] == "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
-    assert fsdp_tp["layers.0.up.weight"]["local shape"] == (mesh2d.HIDDEN // 4, mesh2d.DIM)
+    assert fsdp_tp["layers.0.up.weight"]["local shape"] == (PROGRAM.HIDDEN // 4, PROGRAM.DIM)
     assert fsdp_tp["layers.0.down.weight"]["placements"] == "(Shard(dim=0), Shard(dim=1))"
     assert fsdp_tp["layers.0.down.bias"]["placements"] == "(Shard(dim=0), Replicate())"
     # rank (dp i, tp j) holds rows 16 j + 8 i ... + 8: TP cut first, FSDP cut TP's piece
@@ -43,7 +47,7 @@ def test_2d_placements(spawned):
     assert [r["hsdp"]["rows_held"][1] for r in spawned(4)] == [0, 16, 0, 16]
     hsdp = {r["parameter"]: r for r in spawned(4)[0]["hsdp"]["parameters"]}
     assert {r["placements"] for r in hsdp.values()} == {"(Replicate(), Shard(dim=0))"}
-    assert hsdp["layers.0.up.weight"]["local shape"] == (mesh2d.HIDDEN // 2, mesh2d.DIM)
+    assert hsdp["layers.0.up.weight"]["local shape"] == (PROGRAM.HIDDEN // 2, PROGRAM.DIM)
 
 
 @pytest.mark.parametrize("shape, world, message", [

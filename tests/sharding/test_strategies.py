@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
+from ddpguide.core.models import mlp
 from ddpguide.sharding.strategies import (
     STRATEGIES,
     ZERO_STAGE,
     build,
     check_strategy,
     layers_with_parameters,
-    mlp,
 )
 
 

@@ -5,19 +5,45 @@ One 2-rank start runs every case (a start costs seconds); the tests read its res
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from ddpguide.launch import programs
 from ddpguide.sharding import tensor_parallel as tp
+
+# The chapter's program: its modules and plans are what the checks run.
+PROGRAM = programs.load(tp.PROGRAM)
+
+
+#: The program with one plan changed, as a reader might: ``up`` all-gathers its output, ``down``
+#: stays whole. The check must follow the program.
+EDIT = ('{"up": ColwiseParallel(), "down": RowwiseParallel()}',
+        '{"up": ColwiseParallel(output_layouts=Replicate())}')
+
+
+def _edited_program() -> str:
+    text = programs.path_of(tp.PROGRAM).read_text()
+    assert text.count(EDIT[0]) == 1
+    folder = tempfile.mkdtemp(prefix="edited-program-")
+    path = os.path.join(folder, tp.PROGRAM)
+    with open(path, "w") as f:
+        f.write(text.replace(EDIT[0], EDIT[1]).replace(
+            "from torch.distributed.tensor.placement_types import Shard",
+            "from torch.distributed.tensor.placement_types import Replicate, Shard"))
+    return path
 
 
 def _calls(world: int) -> dict[str, tuple]:
-    return {"cases": (tp.compare_all,), "typo": (tp.typo_in_plan, "dwn")}
+    return {"cases": (tp.compare_all,), "typo": (tp.typo_in_plan, "dwn"),
+            "edited": (tp.compare_with_one_process, "mlp", 0, _edited_program())}
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", list(tp.CASES))
+@pytest.mark.parametrize("case", list(tp.cases()))
 def test_parallel_equals_one_process_float64(spawned, case):
     for rank, result in enumerate(spawned(2)):
         report = result["cases"][case]
@@ -31,9 +57,9 @@ def test_megatron_placements_and_collectives(spawned):
     mlp = spawned(2)[0]["cases"]["mlp"]
     params = {row["tensor"]: row for row in mlp["parameters"]}
     assert params["up.weight"]["placements"] == "(Shard(dim=0),)"       # column-parallel
-    assert params["up.weight"]["local shape"] == (tp.HIDDEN // 2, tp.DIM)
+    assert params["up.weight"]["local shape"] == (PROGRAM.HIDDEN // 2, PROGRAM.DIM)
     assert params["down.weight"]["placements"] == "(Shard(dim=1),)"     # row-parallel
-    assert params["down.weight"]["local shape"] == (tp.DIM, tp.HIDDEN // 2)
+    assert params["down.weight"]["local shape"] == (PROGRAM.DIM, PROGRAM.HIDDEN // 2)
     assert params["down.bias"]["placements"] == "(Replicate(),)"
     acts = {row["module"]: row for row in mlp["activations"]}
     assert acts["up"]["input"] == "(Replicate(),)" and acts["up"]["computes"] == "(Shard(dim=2),)"
@@ -44,11 +70,21 @@ def test_megatron_placements_and_collectives(spawned):
 
 
 @pytest.mark.timeout(300)
+def test_a_plan_changed_in_the_program_changes_the_check(spawned):
+    edited = spawned(2)[0]["edited"]
+    params = {row["tensor"]: row for row in edited["parameters"]}
+    assert params["down.weight"]["placements"] == "plain tensor"        # no longer split
+    assert params["down.weight"]["local shape"] == (PROGRAM.DIM, PROGRAM.HIDDEN)
+    assert edited["forward_comms"] == {"all_gather": 1}                 # up gathers its output
+    assert edited["max_difference"] <= tp.TOLERANCE                    # and it is still correct
+
+
+@pytest.mark.timeout(300)
 def test_attention_splits_heads_and_sequence_parallel_collectives(spawned):
     cases = spawned(2)[0]["cases"]
     attention = {row["tensor"]: row for row in cases["attention"]["parameters"]}
     for name in ("q", "k", "v"):
-        assert attention[f"{name}.weight"]["local shape"] == (tp.DIM // 2, tp.DIM)  # 2 of 4 heads
+        assert attention[f"{name}.weight"]["local shape"] == (PROGRAM.DIM // 2, PROGRAM.DIM)  # 2 of 4 heads
     assert attention["out.weight"]["placements"] == "(Shard(dim=1),)"
     assert cases["attention"]["forward_comms"] == {"all_reduce": 1}
     assert cases["attention"]["backward_comms"] == {"all_reduce": 3}     # one per q, k, v input
@@ -69,7 +105,7 @@ def test_parallelize_module_only_warns_about_a_typo_and_ours_refuses(spawned):
 
 
 def test_check_plan_message_and_nothing_changed():
-    model = tp.Block()
+    model = PROGRAM.Block()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError) as info:
         # the mesh is never used: the plan is checked first
@@ -81,7 +117,7 @@ def test_check_plan_message_and_nothing_changed():
 
 
 def test_check_plan_accepts_what_parallelize_module_matches():
-    model = torch.nn.Sequential(tp.MLP(), tp.MLP())
+    model = torch.nn.Sequential(PROGRAM.MLP(), PROGRAM.MLP())
     tp.check_plan(model, {"*.up": ColwiseParallel(), "1.down": RowwiseParallel(), "": ColwiseParallel()})
     with pytest.raises(ValueError, match=r"entry '\*\.middle' names no submodule of Sequential"):
         tp.check_plan(model, {"*.middle": ColwiseParallel()})

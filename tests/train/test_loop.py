@@ -8,7 +8,7 @@ from ddpguide.ddp.equivalence import (
     single_process_parameters,
 )
 from ddpguide.launch.spawn import spawn
-from ddpguide.train.loop import TrainConfig, fit, train_worker
+from ddpguide.train.loop import TrainConfig, fit
 
 
 @pytest.mark.timeout(120)
@@ -28,7 +28,7 @@ def test_ddp_equals_one_process_on_the_whole_batch(world_size, dtype, tolerance)
 @pytest.mark.timeout(150)
 def test_spawned_training_learns_and_ranks_agree():
     config = TrainConfig(epochs=2, batch_size=32, max_steps_per_epoch=15, log=False)
-    results = spawn(train_worker, 2, config, timeout=120)
+    results = spawn(fit, 2, config, timeout=120)
     first, second = results
     assert [e.epoch for e in first.epochs] == [0, 1]
     assert first.epochs[-1].train_loss < first.epochs[0].train_loss
