@@ -48,30 +48,53 @@ subpackage may import which, and that test holds it, with these:
 #: notebook (``book/<name>.ipynb``) -> (chapter, the ddpguide modules its code imports,
 #: the ``python -m ddpguide.<command>`` commands it runs).
 CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "01_spawn_ddp": ("1", ("collectives.algorithms", "launch.programs", "launch.spawn"),
-                     ("bench",)),
-    "02_collectives": ("2", ("bench.allreduce", "bench.report", "collectives.algorithms",
-                             "collectives.demos", "collectives.viz", "core.models",
-                             "ddp.by_hand", "launch.programs", "launch.spawn"), ("bench",)),
-    "03_torchrun": ("3", ("core.runtime", "launch.programs", "launch.torchrun",
-                          "launch.torchrun_demo"), ("train",)),
-    "04_elastic": ("4", ("core.checkpoint", "elastic.demo", "elastic.failover", "elastic.plot",
-                         "elastic.program", "elastic.settings", "launch.programs"),
-                   ("bench", "elastic")),
-    "05_model_parallel": ("5", ("bench.appendix", "bench.pipeline_timing", "launch.programs",
-                                "launch.spawn", "pipeline.model_parallel", "pipeline.schedules",
-                                "pipeline.stages", "pipeline.viz"), ("bench",)),
-    "06_sbp": ("6", ("core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
-                     "sbp.placements", "sbp.regions", "sbp.viz", "sbp.workers"), ()),
-    "07_amp": ("7", ("bench.amp", "core.models", "core.runtime", "ddp.pitfalls",
-                     "ddp.pitfalls_data", "launch.programs", "launch.spawn", "train.amp",
-                     "train.loop", "train.syncbn"), ("bench",)),
-    "08_sharded_data_parallel": ("8", ("core.runtime", "launch.spawn", "sbp.boxing_rules",
-                                       "sharding.checks", "sharding.memory"), ("bench",)),
-    "09_tensor_parallel": ("9", ("core.runtime", "launch.programs", "launch.spawn",
-                                 "sbp.boxing_rules", "sharding.dcp_kill", "sharding.dcp_workers",
-                                 "sharding.mesh2d", "sharding.tensor_parallel"), ()),
-    "10_debugging": ("10", ("core.processes", "doctor.collectives", "doctor.stacks",
-                            "launch.torchrun"), ("doctor",)),
-    "appendix_measurements": ("appendix", ("bench.appendix",), ("bench",)),
+    "01_spawn_ddp": ("1", (
+        "collectives.algorithms", "launch.programs", "launch.spawn",
+    ), ("bench",)),
+    "02_collectives": ("2", (
+        "bench.allreduce", "bench.report", "collectives.algorithms", "collectives.demos",
+        "collectives.viz", "core.models", "ddp.by_hand", "launch.programs", "launch.spawn",
+    ), ("bench",)),
+    "03_torchrun": ("3", (
+        "core.runtime", "launch.programs", "launch.torchrun", "launch.torchrun_demo",
+    ), ("train",)),
+    "04_elastic": ("4", (
+        "core.checkpoint", "elastic.demo", "elastic.failover", "elastic.plot",
+        "elastic.program", "elastic.settings", "launch.programs",
+    ), ("bench", "elastic")),
+    "05_model_parallel": ("5", (
+        "bench.appendix", "bench.pipeline_timing", "launch.programs", "launch.spawn",
+        "pipeline.model_parallel", "pipeline.schedules", "pipeline.stages", "pipeline.viz",
+    ), ("bench",)),
+    "06_sbp": ("6", (
+        "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules", "sbp.placements",
+        "sbp.regions", "sbp.viz", "sbp.workers",
+    ), ()),
+    "07_amp": ("7", (
+        "bench.amp", "core.models", "core.runtime", "ddp.pitfalls", "ddp.pitfalls_data",
+        "launch.programs", "launch.spawn", "train.amp", "train.loop", "train.syncbn",
+    ), ("bench",)),
+    "08_sharded_data_parallel": ("8", (
+        "core.runtime", "launch.spawn", "sbp.boxing_rules", "sharding.checks", "sharding.memory",
+    ), ("bench",)),
+    "09_tensor_parallel": ("9", (
+        "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
+        "sharding.dcp_kill", "sharding.dcp_workers", "sharding.mesh2d",
+        "sharding.tensor_parallel",
+    ), ()),
+    "10_debugging": ("10", (
+        "core.processes", "doctor.stacks", "doctor.sweep", "launch.torchrun",
+    ), ("doctor",)),
+    "11_context_parallel": ("11", (
+        "context.memory", "context.program", "context.viz", "launch.programs",
+    ), ()),
+    "12_mixture_of_experts": ("12", (
+        "core.runtime", "experts.program", "experts.traffic", "experts.viz", "launch.programs",
+    ), ("bench",)),
+    "13_pipeline_schedules": ("13", (
+        "launch.programs", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
+    ), ("bench",)),
+    "appendix_measurements": ("appendix", (
+        "bench.appendix",
+    ), ("bench",)),
 }

@@ -138,7 +138,7 @@ def check_checkpoint_fits(path: str | os.PathLike[str], model: nn.Module) -> int
     return int(state["epoch"]) + 1
 
 
-def check_resumable(path: str | os.PathLike, model: nn.Module, *, writer: bool = True) -> int | None:
+def check_resumable(path: str | os.PathLike[str], model: nn.Module, *, writer: bool = True) -> int | None:
     """Before a run, the one check of a one-file ``--checkpoint``: the epoch it resumes at, or None.
 
     The ``writer`` (rank 0) must be able to save at ``path``

@@ -24,7 +24,7 @@ import os
 import tempfile
 from dataclasses import MISSING, Field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn, Self
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -93,7 +93,7 @@ class CommandLine:
     """
 
     @classmethod
-    def options(cls) -> list[Field]:
+    def options(cls) -> list[Field[Any]]:
         """The fields that are options, in order."""
         return [f for f in fields(cls) if "help" in f.metadata]  # type: ignore[arg-type]
 
@@ -124,7 +124,7 @@ class CommandLine:
                                 default=None if required else f.default, help=meta["help"] + shown)
 
     @classmethod
-    def from_namespace(cls, namespace: argparse.Namespace, **others: Any):
+    def from_namespace(cls, namespace: argparse.Namespace, **others: Any) -> Self:
         """The dataclass a parsed command line describes (``others``: the fields it has no option for)."""
         return cls(**{f.name: getattr(namespace, f.name) for f in cls.options()}, **others)
 
@@ -200,7 +200,7 @@ def _same_path(a: Path, b: Path) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def unwritable(folder: str | os.PathLike) -> str | None:
+def unwritable(folder: str | os.PathLike[str]) -> str | None:
     """Why no new file can be made in ``folder`` (None: one can).
 
     Probed with a temporary file that is removed at once: ``os.access`` says
@@ -218,8 +218,8 @@ def unwritable(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def check_output_file(path: str | os.PathLike, option: str, *,
-                      protected: Iterable[tuple[str | os.PathLike, str]] = (),
+def check_output_file(path: str | os.PathLike[str], option: str, *,
+                      protected: Iterable[tuple[str | os.PathLike[str], str]] = (),
                       may_replace: Callable[[Path], bool] | None = None,
                       replaceable: str = "an earlier output of this command",
                       new_folders: bool = True) -> Path:

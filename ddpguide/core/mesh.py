@@ -55,11 +55,13 @@ def subgroup_backends(ndim: int, group: Any = None, backend: str | None = None,
     device_type = device_type or mesh_device_type()
     try:
         timeout: datetime.timedelta = group._get_backend(torch.device(device_type)).options._timeout
+        options: Any
         if backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
         else:
-            options = dist.ProcessGroupGloo.Options(backend, timeout)
+            # at run time this is Backend.Options(backend, timeout); the stub lists no constructor
+            options = dist.ProcessGroupGloo.Options(backend, timeout)  # type: ignore[call-arg]
     except AttributeError as exc:
         missing = getattr(exc, "name", None) or str(exc)
         warnings.warn(f"torch {torch.__version__} has no {missing!r} (private API this package "

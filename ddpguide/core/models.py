@@ -66,7 +66,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+        out: torch.Tensor = self.down(F.gelu(self.up(x)))
+        return out
 
 
 class Stack(nn.Module):

@@ -5,8 +5,9 @@ reader would type with :func:`run` (in a fresh folder that holds only a copy of
 the program, as a reader who copied it would; its lines appear in the cell as
 they are printed), and shows the change from one program to the next with
 :func:`diff`. A check that needs the program's own classes or plans imports it
-with :func:`load`: the package keeps no copy of a program's model. Every run is bounded: at the time limit the program's whole
-process group is killed and :class:`ProgramTimeout` raised.
+with :func:`load`: the package keeps no copy of a program's model. Every run is
+bounded: at the time limit the program's whole process group is killed and
+:class:`ProgramTimeout` raised.
 """
 
 from __future__ import annotations

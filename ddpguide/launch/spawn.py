@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
 from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S as DEFAULT_COLLECTIVE_TIMEOUT_S
 from ddpguide.core.timeouts import MAX_TIMEOUT_S
-from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
 from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
 
 DEFAULT_TIMEOUT_S = 120.0  # the whole job's, not one collective's

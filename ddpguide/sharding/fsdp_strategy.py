@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.data import DistributedSampler
 
 from ddpguide.core.data import DataSplits, train_loader
 from ddpguide.core.models import build_model
@@ -93,7 +94,9 @@ def replay(config: TrainConfig, data: DataSplits, world_sizes: list[int]) -> dic
         loaders = [train_loader(data.train, config.batch_size, rank, world, seed=config.data_seed)
                    for rank in range(world)]
         for loader in loaders:
-            loader.sampler.set_epoch(epoch)
+            sampler = loader.sampler
+            assert isinstance(sampler, DistributedSampler)
+            sampler.set_epoch(epoch)
         for step, batches in enumerate(zip(*loaders)):
             if config.max_steps_per_epoch is not None and step >= config.max_steps_per_epoch:
                 break

@@ -30,9 +30,9 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from ddpguide.core.mesh import device_mesh, mesh_device
 from ddpguide.launch import programs
 from ddpguide.sbp.boxing_by_hand import collective_names
-from ddpguide.core.mesh import device_mesh, mesh_device
 
 TOLERANCE = 1e-12  # float64: the differences are rounding (about 1e-15)
 

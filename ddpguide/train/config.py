@@ -58,7 +58,7 @@ class TrainConfig(CommandLine):
     def __post_init__(self) -> None:
         self.validate()
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         """Raise ValueError with one clear sentence for a bad value (also run on creation)."""
         if self.epochs < 0:
             raise ValueError(f"epochs must be >= 0, got {self.epochs}")

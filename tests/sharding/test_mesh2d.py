@@ -11,7 +11,6 @@ from ddpguide.launch import programs
 from ddpguide.sharding import mesh2d
 from ddpguide.sharding.tensor_parallel import TOLERANCE
 
-
 PROGRAM = programs.load(mesh2d.PROGRAM)  # the chapter's program: its model is what is checked
 
 
