@@ -29,6 +29,8 @@ STARTERS = frozenset({
     "torchrun", "TORCHRUN", "start_processes", "elastic_launch", "spawn_default_run",
 })
 TESTS = Path(__file__).resolve().parent
+#: Programs a library starts to ask about the machine (not a process group or a test's worker).
+PROBES = frozenset({"uname", "ldconfig", "ldconfig.real", "gcc", "cc", "objdump", "ld"})
 
 
 @functools.cache
@@ -160,7 +162,10 @@ class ProcessWatch:
 
         def execute_child(popen, args, *rest, **kw):
             argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
-            if argv[:1] != ["uname"]:  # platform.processor() asks once and caches the answer
+            # Probes that answer a question about this machine and exit, started by the
+            # library rather than by the test: platform.processor() runs uname once, and
+            # ctypes.util.find_library (torch's first import) runs ldconfig -p.
+            if Path(argv[0]).name not in PROBES if argv else True:
                 watch.saw(" ".join(argv))
             return watch._popen(popen, args, *rest, **kw)
 

@@ -34,6 +34,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 4, 64, 16
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def main():
     kernel = (sdpa_kernel(SDPBackend.MATH) if "--math" in sys.argv[1:]
               else contextlib.nullcontext())  # without --math: the kernel SDPA picks
@@ -45,10 +60,11 @@ def main():
         print("start it with torchrun: torchrun --standalone --nproc-per-node=2 "
               "context_parallel_torch.py", file=sys.stderr)
         return 2
-    use_gpu = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
-    device = "cuda" if use_gpu else "cpu"
+    rank_gpu = rank_device()
+    use_gpu = rank_gpu.type == "cuda"
+    device = rank_gpu.type
     if use_gpu:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(rank_gpu)
     dist.init_process_group("nccl" if use_gpu else "gloo", timeout=datetime.timedelta(seconds=60))
     world = dist.get_world_size()
     mesh = init_device_mesh(device, (world,))

@@ -234,9 +234,24 @@ def model_grads(model):
     return {n: p.grad.full_tensor() for n, p in model.named_parameters()}
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def main():
-    use_gpu = torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if use_gpu else torch.device("cpu")
+    device = rank_device()
+    use_gpu = device.type == "cuda"
     if use_gpu:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if use_gpu else "gloo", timeout=datetime.timedelta(seconds=60))

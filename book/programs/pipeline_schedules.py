@@ -209,14 +209,27 @@ def run_schedule(args, name, m, rank, mesh, device):
     return line, max(worst_grad, worst_loss) <= args.tolerance
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    """
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def main(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        device, backend = torch.device("cuda", local_rank), "nccl"
+    device = rank_device()
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, timeout=timedelta(seconds=120))
     from torch.distributed.device_mesh import init_device_mesh
     pp = world // args.dp

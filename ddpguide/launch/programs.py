@@ -93,14 +93,23 @@ def load(name: str | os.PathLike) -> ModuleType:
 
     Each call imports the file afresh, so an edited program is what a check
     sees; the module is named ``program_<stem>`` (never its own bare name,
-    which could shadow a library module).
+    which could shadow a library module). A program that sets torch's default
+    dtype when imported (``zero1.py``, ``fsdp2.py``, ``zero3_by_hand.py`` choose
+    float64) sets it for its own process only: the importer's default is
+    restored, so loading a program never changes the dtype of later code.
     """
     path = Path(name) if isinstance(name, os.PathLike) or os.path.isabs(name) else path_of(name)
     spec = importlib.util.spec_from_file_location(f"program_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"no program at {path}")
+    import torch  # here: showing and running programs needs no torch in this process
+
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    default_dtype = torch.get_default_dtype()
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        torch.set_default_dtype(default_dtype)
     return module
 
 

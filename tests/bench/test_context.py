@@ -11,6 +11,7 @@ RATIOS = ("ring_over_full_time_2ranks", "ring_peak_over_full_2ranks", "zigzag_bu
           "contiguous_busiest_over_mean", "ulysses_bytes_over_ring_bytes")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(1500)
 def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     from ddpguide.bench.__main__ import main

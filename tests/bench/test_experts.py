@@ -13,6 +13,7 @@ RATIOS = ("alltoall_bytes_over_formula", "ep2_tokens_per_s_over_single",
           "hot_expert_step_over_balanced")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     from ddpguide.bench.__main__ import main

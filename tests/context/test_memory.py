@@ -27,6 +27,7 @@ def test_full_attention_holds_the_scores():
     assert full_attention_peak(seq) >= 2 * scores
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_ring_peak_per_rank_falls_with_the_ranks():
     seqs = (128, 256)

@@ -38,6 +38,7 @@ def test_a_balanced_batch_routes_token_t_to_expert_t_mod_e():
         traffic.balanced(layer, 63, 16)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_counted_bytes_equal_the_formula(ranks):

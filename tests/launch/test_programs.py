@@ -89,3 +89,13 @@ def test_the_torchrun_launcher_is_the_readers_command():
     assert programs.torchrun(4) == ("torchrun", "--standalone", "--nproc-per-node=4")
     with pytest.raises(ValueError, match="nproc must be >= 1, got 0"):
         programs.torchrun(0)
+
+
+def test_loading_a_program_leaves_the_default_dtype_as_it_was():
+    import torch
+
+    assert "torch.set_default_dtype(torch.float64)" in programs.path_of("fsdp2.py").read_text()
+    before = torch.get_default_dtype()
+    module = programs.load("fsdp2.py")
+    assert torch.get_default_dtype() == before == torch.float32
+    assert hasattr(module, "main")

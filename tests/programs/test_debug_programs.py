@@ -250,6 +250,7 @@ def test_py_spy_shows_every_rank_waiting_in_recv():
         assert "main (deadlock.py:" in text
 
 
+@pytest.mark.multiprocess
 def test_debug_server_shows_every_rank_waiting_in_recv_and_their_flight_records():
     import json
 
