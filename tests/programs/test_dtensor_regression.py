@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from programs_support import TORCHRUN, check_ok, copy_program, run
+
+from tests.programs.programs_support import TORCHRUN, check_ok, copy_program, run
 
 
 @pytest.mark.timeout(300)
