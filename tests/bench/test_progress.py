@@ -95,8 +95,11 @@ FAKE_SUITE = textwrap.dedent("""
 def test_ctrl_c_on_the_command_line_prints_the_partial_table_and_exits_130(tmp_path):
     script = tmp_path / "fake_suite.py"
     script.write_text(FAKE_SUITE)
+    # As a terminal's foreground job: SIGINT at its default. A shell without job control
+    # starts background commands with SIGINT ignored, and Python then installs no handler.
     process = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 90
         err = ""

@@ -24,7 +24,7 @@ STRATEGIES = {"ddp": DDP(), "fsdp": FSDP2()}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from strategy_workers import three_runs
+    from tests.train.strategy_workers import three_runs
 
     folder = tmp_path_factory.mktemp("strategies")
     calls = {name: (three_runs, strategy, str(folder / f"{name}-checkpoint"))
