@@ -20,7 +20,7 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890".
 LAB_ARGS ?=
 
-.PHONY: help install book book-js test test-package test-fast lint typecheck test-notebooks \
+.PHONY: help install book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
 	render linkcheck test-browser test-lab lab bench gpu-check clean
 
 help:
@@ -71,6 +71,9 @@ test-package: $(STAMP)
 
 # Every package test that starts no process: no process group, no subprocess. A test that
 # starts one is marked `multiprocess` (tests/process_marks.py) and left out here.
+test-slow: $(STAMP)
+	DDPGUIDE_SLOW=1 $(PY) -m pytest tests -m slow -v
+
 test-fast: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser -m "not multiprocess" -q --durations=10
 

@@ -21,6 +21,7 @@ chapter                         where its machinery lives
 11 context parallelism          ``context``
 12 mixture of experts           ``experts``
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
+14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -94,6 +95,9 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "13_pipeline_schedules": ("13", (
         "launch.programs", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
     ), ("bench",)),
+    "14_gpt_capstone": ("14", (
+        "gpt.layouts", "launch.programs",
+    ), ("gpt",)),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

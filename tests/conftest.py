@@ -28,6 +28,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
+    if item.get_closest_marker("slow") and os.environ.get("DDPGUIDE_SLOW") != "1":
+        pytest.skip("slow: run with `make test-slow` (DDPGUIDE_SLOW=1)")
     item.config._process_watch.begin(item)
 
 

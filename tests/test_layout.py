@@ -29,6 +29,7 @@ ALLOWED = {
     "doctor": {"core", "launch", "collectives"},
     "context": {"core", "launch"},
     "experts": {"core", "launch"},
+    "gpt": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
               "sharding", "doctor", "context", "experts"},
 }

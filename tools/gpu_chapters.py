@@ -30,6 +30,7 @@ RANKS = {
     "11_context_parallel": 4,
     "12_mixture_of_experts": 4,
     "13_pipeline_schedules": 4,
+    "14_gpt_capstone": 4,
     "appendix_measurements": 1,
 }
 

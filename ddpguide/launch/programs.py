@@ -149,6 +149,9 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(source, folder / source.name)
+    if source.parent != PROGRAMS:  # a program of several files (gpt/): its neighbours too
+        for neighbour in source.parent.glob("*.py"):
+            shutil.copy(neighbour, folder / neighbour.name)
     command = [*launcher, source.name, *args]
     shown = " ".join(shlex.quote(part) for part in command)
     executable = {"python": [sys.executable],

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 TIMEOUT = datetime.timedelta(seconds=5)  # short on purpose; the default is 30 min (gloo), 10 (nccl)
+JOIN_TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def start() -> torch.device:
@@ -23,7 +24,10 @@ def start() -> torch.device:
     raises a RuntimeError on the waiting rank after TIMEOUT. With nccl under torchrun the
     watchdog aborts the process instead (chapter 10, "On real GPUs").
     """
-    dist.init_process_group("gloo", timeout=TIMEOUT)
+    # Every rank imports torch before it joins, which can take longer than TIMEOUT on a busy
+    # machine: the group is joined with a generous timeout, then the short one is set.
+    dist.init_process_group("gloo", timeout=JOIN_TIMEOUT)
+    dist.set_timeout(TIMEOUT)
     return torch.device("cpu")
 
 

@@ -1,0 +1,182 @@
+"""A small GPT: byte-level, decoder-only, rotary positions, tied embeddings, and an
+optional mixture-of-experts MLP. torch only; train.py trains it on any layout.
+
+The model knows two things about parallelism, both set by parallelize.py and both off
+(None) in one process: the context-parallel group of its attention (the keys and values
+of the whole sequence are gathered over it) and the expert-parallel group of its
+mixture of experts (tokens travel to the rank that holds their expert and back).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed._functional_collectives import (
+    all_gather_single_autograd,
+    all_to_all_single_autograd,
+    wait_tensor,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int = 256  # bytes
+    dim: int = 64
+    heads: int = 4
+    layers: int = 4
+    seq: int = 64
+    ffn: int = 4  # the MLP's hidden width is ffn * dim
+    experts: int = 0  # 0: a dense MLP in every block; E: a mixture of E experts
+    top_k: int = 1  # experts per token
+
+
+def rotate(x, positions):
+    """Rotary position embedding of x (batch, heads, tokens, head_dim) at these positions."""
+    half = x.shape[-1] // 2
+    freqs = 10000.0 ** (-torch.arange(half, dtype=x.dtype, device=x.device) / half)
+    angles = positions[:, None].to(x.dtype) * freqs
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def gather_sequence(x, group):
+    """All ranks' chunks of x (batch, heads, tokens, head_dim) along the tokens, in rank
+    order; the backward pass reduce-scatters the gradient (torch gathers along dim 0 only)."""
+    whole = wait_tensor(all_gather_single_autograd(x.transpose(0, 2).contiguous(), 0, group))
+    return whole.transpose(0, 2)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.head_dim = c.dim // c.heads
+        self.wq = nn.Linear(c.dim, c.dim, bias=False)
+        self.wk = nn.Linear(c.dim, c.dim, bias=False)
+        self.wv = nn.Linear(c.dim, c.dim, bias=False)
+        self.wo = nn.Linear(c.dim, c.dim, bias=False)
+        self.cp_group = None  # context parallelism: this rank holds one chunk of the sequence
+
+    def forward(self, x):
+        b, s, _ = x.shape  # under tensor parallelism wq gives this rank's heads only: view(-1)
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        start = 0 if self.cp_group is None else dist.get_rank(self.cp_group) * s
+        positions = torch.arange(start, start + s, device=x.device)
+        q, k = rotate(q, positions), rotate(k, positions)
+        if self.cp_group is not None:  # every rank's keys and values, in sequence order
+            k, v = gather_sequence(k, self.cp_group), gather_sequence(v, self.cp_group)
+        causal = positions[:, None] >= torch.arange(k.shape[2], device=x.device)[None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.w1 = nn.Linear(c.dim, c.ffn * c.dim, bias=False)
+        self.w2 = nn.Linear(c.ffn * c.dim, c.dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Experts(nn.Module):
+    """E expert MLPs as two stacked weights; under expert parallelism, this rank's E / ep."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        hidden = c.ffn * c.dim
+        self.w1 = nn.Parameter(torch.randn(c.experts, c.dim, hidden) * c.dim ** -0.5)
+        self.w2 = nn.Parameter(torch.randn(c.experts, hidden, c.dim) * hidden ** -0.5)
+
+    def forward(self, rows, counts):
+        """rows sorted by expert, counts[e] of them for local expert e."""
+        pieces = rows.split(counts)
+        return torch.cat([F.gelu(p @ self.w1[e]) @ self.w2[e] for e, p in enumerate(pieces)])
+
+
+class MoE(nn.Module):
+    """Top-k routing, no capacity limit (no token is dropped, so any layout equals one process)."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        self.n_experts, self.top_k = c.experts, c.top_k
+        self.router = nn.Linear(c.dim, c.experts, bias=False)
+        self.experts = Experts(c)
+        self.ep_group = None  # expert parallelism: this rank holds experts[rank * E/ep ...]
+
+    def forward(self, x):
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        gate, expert = torch.softmax(self.router(h), dim=-1).topk(self.top_k, dim=-1)
+        order = expert.reshape(-1).argsort(stable=True)  # choices sorted by expert
+        token = order // self.top_k
+        counts = torch.bincount(expert.reshape(-1), minlength=self.n_experts)
+        if self.ep_group is None:
+            done = self.experts(h[token], counts.tolist())
+        else:
+            done = self.expert_parallel(h[token], counts)
+        out = torch.zeros_like(h).index_add(0, token, gate.reshape(-1)[order, None] * done)
+        return out.view(shape)
+
+    def expert_parallel(self, rows, counts):
+        """Send the rows to the ranks of their experts, run the local experts, send them back."""
+        group = self.ep_group
+        ranks = dist.get_world_size(group)
+        local = self.n_experts // ranks
+        received = torch.empty_like(counts)
+        dist.all_to_all_single(received, counts, group=group)  # (source rank, local expert)
+        send = counts.view(ranks, local).sum(1).tolist()
+        recv = received.view(ranks, local).sum(1).tolist()
+        arrived = wait_tensor(all_to_all_single_autograd(rows, recv, send, group))
+        label = torch.arange(local, device=rows.device).repeat(ranks).repeat_interleave(received)
+        by_expert = label.argsort(stable=True)  # arrived by source rank, then expert: by expert
+        done = self.experts(arrived[by_expert], received.view(ranks, local).sum(0).tolist())
+        return wait_tensor(all_to_all_single_autograd(done[by_expert.argsort()], send, recv, group))
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(c.dim)
+        self.attn = Attention(c)
+        self.mlp_norm = nn.RMSNorm(c.dim)
+        self.mlp = MoE(c) if c.experts else MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Head(nn.Module):
+    """The logits, with the embedding's weight (tied): no parameter of its own."""
+
+    def forward(self, h, weight):
+        return F.linear(h, weight)
+
+
+class GPT(nn.Module):
+    """Layers are named "0", "1", ...: a pipeline stage keeps its own and the names stay."""
+
+    def __init__(self, c: Config):
+        super().__init__()
+        self.config = c
+        self.tok_emb = nn.Embedding(c.vocab, c.dim)
+        self.layers = nn.ModuleDict({str(i): Block(c) for i in range(c.layers)})
+        self.norm = nn.RMSNorm(c.dim)
+        self.head = Head()
+        self.embeds = self.outputs = True  # a pipeline stage does one, both or neither
+        nn.init.normal_(self.tok_emb.weight, std=c.dim ** -0.5)  # logits of unit size at first
+
+    def forward(self, x):
+        h = self.tok_emb(x) if self.embeds else x
+        for layer in self.layers.values():
+            h = layer(h)
+        return self.head(self.norm(h), self.tok_emb.weight) if self.outputs else h
+
+
+def loss_of(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

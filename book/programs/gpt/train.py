@@ -1,0 +1,385 @@
+"""Train the GPT of model.py on any layout of pipeline, data, context, expert and tensor
+parallelism; save a checkpoint any layout can resume from.
+
+Run:  python train.py                                       (one process)
+      torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --tp 2
+      torchrun --standalone --nproc-per-node 8 train.py --pp 2 --dp-shard 2 --tp 2
+      torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --ep 2 --experts 4
+
+The text is bytes of the Python standard library's own sources (--text names another file).
+Every option is checked before a process group exists: a bad one gets one line, exit 2.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import sys
+import sysconfig
+import time
+import warnings
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from model import GPT, Config, loss_of
+from parallelize import Layout, build_mesh, parallelize, problems, tie_gradients, tie_groups
+
+TIMEOUT = datetime.timedelta(seconds=120)
+# FSDP2 warns when a model returns a view (an in-place op on it would skip a hook): the
+# logits under tensor parallelism are one, and nothing here changes them in place
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+PROGRAM = "train.py"
+
+
+def fail(message):
+    """One line on stderr (from rank 0 under torchrun), exit status 2, nothing started."""
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write(f"{PROGRAM}: {message}\n")
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        time.sleep(10)  # torchrun stops every worker once one exits: let rank 0 say why first
+    raise SystemExit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        fail(message)
+
+
+def parse_args(argv=None):
+    p = Parser(prog=PROGRAM, description="A small GPT on any parallel layout.")
+    for axis in ("pp", "dp-replicate", "cp", "ep", "tp"):
+        p.add_argument(f"--{axis}", type=int, default=1, help=f"{axis} degree (default 1)")
+    p.add_argument("--dp-shard", default="1", help="FSDP degree, or auto: the ranks the other "
+                   "axes leave (after a restart on fewer ranks, a smaller FSDP)")
+    defaults = Config()
+    for name in ("dim", "heads", "layers", "seq", "ffn", "experts", "top_k"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    p.add_argument("--batch", type=int, default=8, help="sequences per step, all ranks together")
+    p.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x pp)")
+    p.add_argument("--schedule", choices=("1F1B", "GPipe"), default="1F1B")
+    p.add_argument("--accumulate", type=int, default=1, help="gradient-accumulation steps per step")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
+    p.add_argument("--checkpoint-activations", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text", help="a text file to train on (default: the standard library)")
+    p.add_argument("--save", help="a folder: a DCP checkpoint in DIR/step-N after the last step")
+    p.add_argument("--save-every", type=int, default=0, help="and every N steps (default: the last only)")
+    p.add_argument("--load", help="resume from a checkpoint (any layout's): a step-N folder, or "
+                   "the latest complete one in a --save folder")
+    p.add_argument("--out", help="write losses.json and the final parameters here")
+    p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
+    p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
+    args = p.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    others = args.pp * args.dp_replicate * args.cp * args.ep * args.tp
+    if args.dp_shard == "auto":
+        if others < 1 or world % others:
+            fail(f"--dp-shard auto: {world} ranks do not split into the other axes' {others}")
+        args.dp_shard = world // others
+    elif args.dp_shard.lstrip("-").isdigit():
+        args.dp_shard = int(args.dp_shard)
+    else:
+        fail(f"--dp-shard {args.dp_shard}: a number, or auto")
+    layout = Layout(args.pp, args.dp_replicate, args.dp_shard, args.cp, args.ep, args.tp)
+    config = Config(vocab=256, dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
+                    ffn=args.ffn, experts=args.experts, top_k=args.top_k)
+    for name in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp", "dim", "heads", "layers",
+                 "seq", "ffn", "batch", "accumulate", "steps"):
+        if getattr(args, name) < 1:
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if args.microbatches < 0 or args.save_every < 0 or args.sample < 0 or args.log_every < 0 or args.clip < 0:
+        fail("--microbatches, --save-every, --sample, --log-every and --clip: must not be negative")
+    if not args.lr > 0:
+        fail(f"--lr {args.lr}: must be greater than 0")
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        fail(f"--dim {args.dim}: must split into {args.heads} heads of an even width")
+    if args.experts and not 1 <= args.top_k <= args.experts:
+        fail(f"--top-k {args.top_k}: between 1 and --experts {args.experts}")
+    args.microbatches = args.microbatches or 2 * layout.pp
+    found = problems(layout, config, world, args.microbatches if layout.pp > 1 else 1, args.batch)
+    if found:
+        fail(found[0])
+    if args.text and not os.path.isfile(args.text):
+        fail(f"--text {args.text}: no such file")
+    if args.load:
+        args.load = latest(args.load)
+        saved = read_meta(args.load)
+        if saved["config"] != asdict(config):
+            diff = [f"{k} {saved['config'][k]} (not {v})" for k, v in asdict(config).items()
+                    if saved["config"].get(k) != v]
+            fail(f"--load {args.load}: a checkpoint of another model: {', '.join(diff)}")
+        if saved["step"] >= args.steps:
+            fail(f"--load {args.load}: already {saved['step']} steps; --steps {args.steps} adds none")
+    for name in ("save", "load"):
+        if getattr(args, name) and layout.ep > 1:
+            fail(f"--{name} with --ep {layout.ep}: checkpoints of spread experts are not supported")
+    if args.save and checkpoints(args.save) and not (
+            args.load and os.path.dirname(args.load) == os.path.normpath(args.save)):
+        fail(f"--save {args.save}: it holds checkpoints already; resume with --load "
+             f"{args.save}, or save elsewhere (this program never replaces one)")
+    return args, layout, config
+
+
+def checkpoints(folder):
+    """The complete checkpoints in a --save folder, oldest first (meta.json is written last)."""
+    if not os.path.isdir(folder):
+        return []
+    steps = sorted(name for name in os.listdir(folder) if name.startswith("step-"))
+    return [os.path.join(os.path.normpath(folder), n) for n in steps
+            if os.path.isfile(os.path.join(folder, n, "meta.json"))]
+
+
+def latest(path):
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return os.path.normpath(path)
+    found = checkpoints(path)
+    if not found:
+        fail(f"--load {path}: no complete checkpoint there")
+    return found[-1]
+
+
+def read_meta(path):
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        fail(f"--load {path}: not a checkpoint of this program ({error.__class__.__name__})")
+
+
+def text_bytes(path, limit=2_000_000):
+    """The training text as bytes: a file, or the standard library's sources in name order."""
+    if path:
+        with open(path, "rb") as f:
+            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
+    chunks, size = [], 0
+    for name in sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py"))):
+        with open(name, "rb") as f:
+            chunks.append(f.read())
+        size += len(chunks[-1])
+        if size >= limit:
+            break
+    return torch.frombuffer(bytearray(b"".join(chunks)[:limit]), dtype=torch.uint8)
+
+
+def batch_of(data, step, args, seq):
+    """The whole batch of a step (the same on every rank): a function of the step alone, so
+    the data position to resume from is the step number."""
+    g = torch.Generator().manual_seed(args.seed * 100_003 + step)
+    starts = torch.randint(0, len(data) - seq - 1, (args.batch * args.accumulate,), generator=g)
+    rows = torch.stack([data[s:s + seq + 1] for s in starts.tolist()]).long()
+    return rows[:, :-1], rows[:, 1:]
+
+
+def rank_device():
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that)."""
+    gpus = torch.cuda.device_count()
+    if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def unwrap(name):
+    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module."):
+        name = name.replace(wrapper, "")
+    return name
+
+
+def clip_grad_norm(stage, max_norm, layout):
+    """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout: each rank adds
+    the squares of its gradient shards, each divided by the number of ranks that hold the
+    same shard (replicas), and one all-reduce over every rank gives the squared norm."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    stage_ranks = layout.world // layout.pp
+    device = next(stage.parameters()).device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for name, p in stage.named_parameters():
+        if p.grad is None or (layout.pp > 1 and "tok_emb" in name and not inner(stage).embeds):
+            continue  # the tied embedding counts once, on the first stage
+        grad, copies = p.grad, stage_ranks
+        if isinstance(grad, DTensor):
+            if any(pl.is_partial() for pl in grad.placements):
+                grad = grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                                     for pl in grad.placements])
+            copies //= grad.device_mesh.size()
+            for dim, placement in enumerate(grad.placements):
+                if placement.is_replicate():
+                    copies *= grad.device_mesh.size(dim)
+            grad = grad.to_local()
+        if ".experts." in name:
+            copies //= layout.ep  # the other ep ranks hold other experts, not copies
+        total += grad.double().pow(2).sum() / copies
+    dist.all_reduce(total)
+    norm = total.sqrt()
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for p in stage.parameters():
+        if p.grad is not None:
+            p.grad.mul_(scale.to(p.grad.dtype))
+    return norm.item()
+
+
+def inner(stage):
+    return stage.module if isinstance(stage, torch.nn.parallel.DistributedDataParallel) else stage
+
+
+def full_parameters(stage):
+    """Every parameter of this stage as a whole tensor (DTensors gathered: every rank calls)."""
+    out = {}
+    for name, p in stage.named_parameters():
+        t = p.detach()
+        out[unwrap(name)] = (t.full_tensor() if hasattr(t, "full_tensor") else t).cpu()
+    return out
+
+
+def state_of(stage, optimizer, step):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(stage, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "step": torch.tensor(step),
+            "rng": torch.get_rng_state()}
+
+
+def save(folder, stage, optimizer, step, config, layout, losses):
+    """DIR/step-N: DCP's files, then meta.json (the model, the layout, every loss so far)."""
+    import torch.distributed.checkpoint as dcp
+
+    path = os.path.join(folder, f"step-{step:06d}")
+    dcp.save(state_of(stage, optimizer, step), checkpoint_id=path)
+    if dist.get_rank() == 0:  # written last, and whole: a folder without it is not a checkpoint
+        with open(os.path.join(path, "meta.json.tmp"), "w") as f:
+            json.dump({"config": asdict(config), "step": step, "layout": asdict(layout),
+                       "losses": losses}, f)
+        os.replace(os.path.join(path, "meta.json.tmp"), os.path.join(path, "meta.json"))
+
+
+def load(path, stage, optimizer):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = state_of(stage, optimizer, 0)
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(stage, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def main():
+    args, layout, config = parse_args()
+    device = rank_device()
+    torch.set_default_dtype(getattr(torch, args.dtype))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, timeout=TIMEOUT)
+    else:  # python train.py: a group of one, so that every path is the same
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    mesh = build_mesh(layout, device.type)
+    rank = dist.get_rank()
+    torch.manual_seed(args.seed)  # the same whole model on every rank, then each keeps its part
+    model = GPT(config)
+    stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile)
+    part = inner(stage)
+    optimizer = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.1)
+    first = load(args.load, stage, optimizer) if args.load else 0
+    history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
+    tie = tie_groups(mesh, layout)
+    pp_rank = mesh["pp"].get_local_rank()
+    dp_rank = mesh["loss"].get_local_rank() // layout.cp  # the rows of this rank's samples
+    cp_rank = mesh["cp"].get_local_rank()
+    rows = args.batch // layout.data_parallel
+    cols = config.seq // layout.cp
+    schedule = None
+    if layout.pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        scale = args.microbatches * args.accumulate  # the loss of a micro-batch, as a share
+        pipe = PipelineStage(stage, pp_rank, layout.pp, device, group=mesh["pp"].get_group())
+        cls = Schedule1F1B if args.schedule == "1F1B" else ScheduleGPipe
+        schedule = cls(pipe, args.microbatches, loss_fn=lambda out, y: loss_of(out, y) / scale,
+                       scale_grads=False)
+    data = text_bytes(args.text)
+    losses = []
+    started = time.perf_counter()
+    for step in range(first, args.steps):
+        x_all, y_all = batch_of(data, step, args, config.seq)
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        for a in range(args.accumulate):
+            sl = slice((a * layout.data_parallel + dp_rank) * rows,
+                       (a * layout.data_parallel + dp_rank + 1) * rows)
+            x = x_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
+            y = y_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                if schedule is None:
+                    loss = loss_of(stage(x), y) / args.accumulate
+                    loss.backward()
+                    total += loss.detach().double()
+                else:
+                    parts = []
+                    schedule.step(x if part.embeds else None, target=y if part.outputs else None,
+                                  losses=parts)
+                    if part.outputs:
+                        total += torch.stack(parts).sum().detach().double()
+        tie_gradients(part, tie)
+        norm = clip_grad_norm(stage, args.clip, layout) if args.clip else None
+        optimizer.step()
+        optimizer.zero_grad()
+        dist.all_reduce(total, group=mesh["loss"].get_group())
+        total /= mesh["loss"].size()
+        if layout.pp > 1:  # the last stage has it: every stage gets it
+            if not part.outputs:
+                total.zero_()
+            dist.all_reduce(total, group=mesh["pp"].get_group())
+        losses.append(total.item())
+        if args.save and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
+            save(args.save, stage, optimizer, step + 1, config, layout, history + losses)
+        if args.log_every and rank == 0 and (step + 1) % args.log_every == 0:
+            extra = f", gradient norm {norm:.3f}" if norm is not None else ""
+            print(f"step {step + 1}: loss {losses[-1]:.4f}{extra}", flush=True)
+    seconds = time.perf_counter() - started
+    if args.out:
+        write_out(args.out, stage, history + losses, first, seconds, mesh, layout)
+    if args.save:
+        save(args.save, stage, optimizer, args.steps, config, layout, history + losses)
+    if args.sample and rank == 0 and layout.world == 1:
+        print(sample(part, data, args.sample, config, device), flush=True)
+    dist.destroy_process_group()
+
+
+def write_out(path, stage, losses, first, seconds, mesh, layout):
+    """losses.json (rank 0) and this stage's whole parameters (one rank per stage and expert
+    shard): what the one-process run is compared with."""
+    params = full_parameters(stage)
+    os.makedirs(path, exist_ok=True)
+    coords = [mesh[a].get_local_rank() for a in ("dp_replicate", "dp_shard", "cp", "tp")]
+    if not any(coords):
+        pp, ep = mesh["pp"].get_local_rank(), mesh["ep"].get_local_rank()
+        torch.save(params, os.path.join(path, f"params-pp{pp}-ep{ep}.pt"))
+    if dist.get_rank() == 0:
+        with open(os.path.join(path, "losses.json"), "w") as f:
+            json.dump({"first_step": first, "losses": losses, "seconds": seconds,
+                       "layout": asdict(layout)}, f)
+
+
+@torch.no_grad()
+def sample(model, data, count, config, device, temperature=0.8):
+    """Bytes the trained model writes after a prompt from the text."""
+    g = torch.Generator().manual_seed(1)
+    tokens = data[:config.seq // 2].long().to(device)[None]
+    for _ in range(count):
+        logits = model(tokens[:, -config.seq:])[0, -1] / temperature
+        nxt = torch.multinomial(torch.softmax(logits.float(), -1).cpu(), 1, generator=g).to(device)
+        tokens = torch.cat([tokens, nxt[None]], dim=1)
+    return bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Chapter 14: the GPT of book/programs/gpt/ on every layout equals one process (float64,
+3 AdamW steps with clipping, loss and every parameter within 1e-10), and a checkpoint of
+one layout resumes on another with the losses of the uninterrupted run."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpguide.gpt.layouts import CHECK, FOUR_D, LAYOUTS, compare, equivalence_table, launch
+
+TOLERANCE = 1e-10
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    return {row["layout"]: row for row in equivalence_table(LAYOUTS, tmp_path_factory.mktemp("gpt"))}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", [name for name, _, _ in LAYOUTS[1:]])
+def test_every_layout_equals_one_process(table, name):
+    row = table[name]
+    assert row["loss_difference"] <= TOLERANCE, row
+    assert row["parameter_difference"] <= TOLERANCE, row
+
+
+def steps(n):
+    """CHECK with --steps n."""
+    options = list(CHECK)
+    options[options.index("--steps") + 1] = str(n)
+    return tuple(options)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return launch((), 1, tmp_path_factory.mktemp("whole"), extra=steps(5))
+
+
+def resumed(tmp_path, saver, loader):
+    """Steps 1-3 on the saver's layout, then steps 4-5 on the loader's from its checkpoint."""
+    (save_ranks, save_options), (load_ranks, load_options) = saver, loader
+    checkpoint = tmp_path / "checkpoint"
+    launch(save_options, save_ranks, tmp_path / "first", extra=(*steps(3), "--save", str(checkpoint)))
+    return launch(load_options, load_ranks, tmp_path / "second",
+                  extra=(*steps(5), "--load", str(checkpoint)))
+
+
+FSDP_TP = (4, ("--dp-shard", "2", "--tp", "2"))
+PP_FSDP = (4, ("--pp", "2", "--dp-shard", "2"))
+ONE = (1, ())
+EIGHT = (8, ("--pp", "2", "--dp-shard", "2", "--tp", "2"))
+FSDP = (2, ("--dp-shard", "2"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("saver, loader", [(FSDP_TP, PP_FSDP), (FSDP_TP, ONE), (EIGHT, FSDP)],
+                         ids=["fsdp-tp-to-pp-fsdp", "fsdp-tp-to-one", "8-ranks-to-2"])
+def test_a_checkpoint_resumes_on_another_layout(tmp_path, uninterrupted, saver, loader):
+    second = resumed(tmp_path, saver, loader)
+    assert second.first_step == 3
+    # steps 1-3 from the checkpoint's record, 4-5 trained now: none lost, none repeated
+    assert len(second.losses) == 5
+    for mine, whole in zip(second.losses, uninterrupted.losses):
+        assert abs(mine - whole) <= TOLERANCE, (second.losses, uninterrupted.losses)
+    worst = max((second.parameters[k] - uninterrupted.parameters[k]).abs().max().item()
+                for k in uninterrupted.parameters)
+    assert worst <= TOLERANCE
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1200)
+def test_the_16_rank_4d_layout_equals_one_process(tmp_path):
+    name, ranks, options = FOUR_D
+    reference = launch((), 1, tmp_path / "one")
+    result = launch(options, ranks, tmp_path / "four-d", timeout=1000, name=name)
+    assert max(compare(reference, result)) <= TOLERANCE
