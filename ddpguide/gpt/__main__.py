@@ -18,18 +18,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = [LAYOUTS[0]] + [entry for entry in LAYOUTS[1:]
                              if not args.layout or entry[0] in args.layout]
+    import os
+
+    load_at_start = os.getloadavg()[0]
     rows = equivalence_table(chosen, progress=lambda row: print(
         f"{row['layout']}: done in {row['seconds']:.1f} s", file=sys.stderr, flush=True))
     if args.json:
         import datetime
-        import os
         import platform
 
         import torch
 
         print(json.dumps({"measured": datetime.date.today().isoformat(),
                           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
-                          "torch": torch.__version__, "rows": rows}, indent=1))
+                          "torch": torch.__version__, "load_at_start": load_at_start,
+                          "load_at_end": os.getloadavg()[0], "rows": rows}, indent=1))
     else:
         print(markdown(rows))
     worst = max(max(r["loss_difference"], r["parameter_difference"]) for r in rows)

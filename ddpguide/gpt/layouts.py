@@ -110,7 +110,8 @@ def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=Non
     import tempfile
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-gpt-"))
-    rows, references = [], {}
+    rows: list[dict] = []
+    references: dict[tuple[str, ...], LayoutRun] = {}
     for i, (name, ranks, options) in enumerate(layouts):
         result = launch(options, ranks, root / f"layout{i}", name=name)
         model = model_options(options)

@@ -30,10 +30,12 @@ def refused(tmp_path, *args, world=None):
     (("--dim", "30", "--heads", "4"), None, "--dim 30: must split into 4 heads of an even width"),
     (("--steps", "0"), None, "--steps 0: must be at least 1"),
 ])
+@pytest.mark.multiprocess
 def test_bad_layouts_and_widths_get_one_line(tmp_path, args, world, message):
     assert refused(tmp_path, *args, world=world) == f"train.py: {message}"
 
 
+@pytest.mark.multiprocess
 def test_a_checkpoint_of_another_model_is_refused_and_none_is_replaced(tmp_path):
     checkpoint = tmp_path / "checkpoint"
     run(PROGRAM, "--dim", "32", "--layers", "2", "--seq", "16", "--steps", "1",

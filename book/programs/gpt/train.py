@@ -14,6 +14,7 @@ import argparse
 import datetime
 import glob
 import json
+import logging
 import os
 import sys
 import sysconfig
@@ -30,6 +31,9 @@ TIMEOUT = datetime.timedelta(seconds=120)
 # FSDP2 warns when a model returns a view (an in-place op on it would skip a hook): the
 # logits under tensor parallelism are one, and nothing here changes them in place
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+# DTensor logs a warning when a weight sharded over two axes (FSDP x TP) is gathered whole
+# in two all-gathers: full_parameters does that once, at the end, for the comparison
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 PROGRAM = "train.py"
 
 
@@ -73,6 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=0, help="and every N steps (default: the last only)")
     p.add_argument("--load", help="resume from a checkpoint (any layout's): a step-N folder, or "
                    "the latest complete one in a --save folder")
+    p.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint "
+                   "in --save if there is one (what a restarted job does)")
     p.add_argument("--out", help="write losses.json and the final parameters here")
     p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
@@ -108,6 +114,10 @@ def parse_args(argv=None):
         fail(found[0])
     if args.text and not os.path.isfile(args.text):
         fail(f"--text {args.text}: no such file")
+    if args.resume:
+        if not args.save or args.load:
+            fail("--resume: needs --save (the folder to resume from) and no --load")
+        args.load = args.save if checkpoints(args.save) else None
     if args.load:
         args.load = latest(args.load)
         saved = read_meta(args.load)
