@@ -127,7 +127,7 @@ def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=Non
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| layout | ranks | max \\|loss difference\\| | max \\|parameter difference\\| | seconds |",
+    lines = ["| layout | ranks | largest loss difference | largest parameter difference | seconds |",
              "|---|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['layout']} | {r['ranks']} | {r['loss_difference']:.1e} | "
