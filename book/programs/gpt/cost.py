@@ -58,8 +58,6 @@ def _nbytes(x):
 
 
 def _group_size(group):
-    if group is None:
-        return 2  # send/recv: always between two ranks
     if isinstance(group, int):  # funcol's group_size
         return group
     if isinstance(group, str):
@@ -73,21 +71,24 @@ class CommCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.bytes = dict.fromkeys(KINDS, 0)
-        self.calls = dict.fromkeys(KINDS, 0)
+        self.calls = {}  # "kind/ranks" -> [calls, bytes]: what a latency-bandwidth model needs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         found = OPS.get(func._overloadpacket)
         if found is not None:
             kind, where, group = found
-            if group is None or _group_size(args[group]) > 1:
+            ranks = _group_size(args[group]) if group is not None else 2
+            if ranks > 1:
                 self.bytes[kind] += _nbytes(args[where])
-                self.calls[kind] += 1
+                calls = self.calls.setdefault(f"{kind}/{ranks}", [0, 0])
+                calls[0] += 1
+                calls[1] += _nbytes(args[where])
         return func(*args, **(kwargs or {}))
 
 
 class SavedBytes:
     """Peak bytes of the tensors autograd keeps for backward (saved_tensors_hooks), each
-    storage once, parameters left out. A checkpointed block keeps its own (recomputed)
+    storage once, parameters (and views of them) left out. A checkpointed block keeps its own (recomputed)
     tensors through hooks of its own: they are not seen, as they are not kept."""
 
     def __init__(self, parameters):
@@ -98,8 +99,9 @@ class SavedBytes:
     def pack(self, tensor):
         held = _Held(tensor)
         local = _local(tensor)
-        if isinstance(tensor, torch.nn.Parameter) or local.device.type == "meta":
-            return held
+        base = tensor if tensor._base is None else tensor._base
+        if (base.is_leaf and base.requires_grad) or local.device.type == "meta":
+            return held  # a parameter (FSDP's gathered ones too) or a view of one
         key = local.untyped_storage().data_ptr()
         if key in self.skip:
             return held
@@ -198,8 +200,8 @@ class Meter:
     def report(self):
         if not self.enabled:
             return
-        mine = {"bytes": self.counter.bytes, "memory": self.measured(), "peak_flops": self.peak,
-                "seconds": self.seconds}
+        mine = {"bytes": self.counter.bytes, "calls": self.counter.calls,
+                "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds}
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if dist.get_rank() != 0:
@@ -222,9 +224,11 @@ class Meter:
         print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
               f"{peak / 1e9:.2f} GFLOP/s a rank; model-FLOPs utilisation {mfu:.3f}")
         print("cost: " + json.dumps({"predicted": predicted, "counted": [e["bytes"] for e in every],
+                                     "calls": [e["calls"] for e in every],
                                      "memory": [e["memory"] for e in every],
                                      "step_seconds": step, "peak_flops": peak, "mfu": mfu,
-                                     "layout": asdict(self.layout)}), flush=True)
+                                     "layout": asdict(self.layout),
+                                     "microbatches": self.args.microbatches}), flush=True)
 
 
 def _chunk(rows, ranks, index):
