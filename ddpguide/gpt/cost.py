@@ -52,16 +52,18 @@ def compare(result: dict) -> dict:
     """Counted over predicted bytes by kind (all ranks together; 1.0 where both are 0),
     whether every rank's count equals its own prediction (all-to-all: routing decides
     each rank's share, only the total is predicted), and measured over predicted memory
-    by part (the largest ratio over the ranks)."""
+    by part: the largest ratio over the ranks, and all ranks together (``memory_mean``:
+    under EP a rank's activations, like its all-to-all, depend on the routing)."""
     predicted, counted = result["predicted"]["bytes"], result["counted"]
-    out: dict = {"bytes": {}, "per_rank": {}, "memory": {}}
+    out: dict = {"bytes": {}, "per_rank": {}, "memory": {}, "memory_mean": {}}
     for kind in KINDS:
         p, c = sum(r[kind] for r in predicted), sum(r[kind] for r in counted)
         out["bytes"][kind] = {"predicted": p, "counted": c, "ratio": c / p if p else float(c == 0)}
         out["per_rank"][kind] = all(a[kind] == b[kind] for a, b in zip(predicted, counted))
     for part in MEMORY:
-        out["memory"][part] = max(m[part] / max(p[part], 1) for m, p in
-                                  zip(result["memory"], result["predicted"]["memory"]))
+        pairs = list(zip(result["memory"], result["predicted"]["memory"]))
+        out["memory"][part] = max(m[part] / max(p[part], 1) for m, p in pairs)
+        out["memory_mean"][part] = sum(m[part] for m, _ in pairs) / max(sum(p[part] for _, p in pairs), 1)
     return out
 
 

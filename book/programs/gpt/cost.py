@@ -16,6 +16,7 @@ send/recv (ProcessGroup::send dispatches c10d::send, recv c10d::recv_).
 
 import json
 import math
+import resource
 import time
 import weakref
 from dataclasses import asdict
@@ -137,6 +138,17 @@ def _bytes_of(tensors):
     return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
 
 
+def _rss():
+    """This process's resident bytes now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _max_rss():
+    """Its largest resident bytes so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def matmul_peak(m, k, n, dtype, repeats=5):
     """FLOP/s of this process's best (m x k) @ (k x n) matmul, in the run's dtype."""
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
@@ -164,6 +176,7 @@ class Meter:
         self.seconds, self.grad_bytes = [], 0
         optimizer.register_step_pre_hook(self._grads)
         self.prediction = predict(config, layout, args)
+        self.rss_before = _rss()
         rows = args.batch // layout.data_parallel * config.seq // layout.cp
         dist.barrier()  # every rank times its matmul at once: the same contention as training
         self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim,
@@ -195,7 +208,8 @@ class Meter:
         state = [t for s in self.optimizer.state.values() for t in s.values()
                  if isinstance(t, torch.Tensor)]
         return {"parameters": _bytes_of(self.stage.parameters()), "gradients": self.grad_bytes,
-                "optimizer": _bytes_of(state), "activations": self.saved.peak}
+                "optimizer": _bytes_of(state), "activations": self.saved.peak,
+                "peak_rss_growth": _max_rss() - self.rss_before}
 
     def report(self):
         if not self.enabled:
@@ -217,7 +231,9 @@ class Meter:
                         for e, p in zip(every, predicted["memory"]))
             print(f"cost {part}: predicted {predicted['memory'][0][part]} B, measured "
                   f"{every[0]['memory'][part]} B (rank 0); measured / predicted at most {ratio:.3f}")
-        timed = sorted(s for e in every for s in e["seconds"][1:]) or every[0]["seconds"]
+        # the first step builds AdamW's state, the counted one runs under the counters
+        after = self.counted_step + 1
+        timed = sorted(s for e in every for s in e["seconds"][after:]) or every[0]["seconds"]
         step = timed[len(timed) // 2]
         peak = min(e["peak_flops"] for e in every)
         mfu = predicted["flops"] / step / (peak * self.layout.world)
@@ -227,6 +243,7 @@ class Meter:
                                      "calls": [e["calls"] for e in every],
                                      "memory": [e["memory"] for e in every],
                                      "step_seconds": step, "peak_flops": peak, "mfu": mfu,
+                                     "first_step_seconds": max(e["seconds"][0] for e in every),
                                      "layout": asdict(self.layout),
                                      "microbatches": self.args.microbatches}), flush=True)
 
@@ -383,6 +400,8 @@ def predict_memory(c, layout, args, rank):
     ends add the token ids, the final norm and the log-softmax of the whole logits. A
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
     1F1B, all of them under GPipe. A checkpointed block keeps nothing autograd sees.
+    Under EP the rows a rank's experts get depend on the routing: the figure is the
+    balanced share (a rank's tokens x top_k), the mean over the EP group.
     """
     B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     at = coordinates(layout, rank)
@@ -408,7 +427,7 @@ def predict_memory(c, layout, args, rank):
     per_block = 2 * norm + (1 + 2 * cp + 2) * x // t + small
     if c.experts:  # routed rows in, hidden in and out, rows out of every expert
         routed = rows * seq * c.top_k * c.dim
-        per_block += routed * (1 + 2 * c.ffn + 1)
+        per_block += routed * (1 + 2 * c.ffn + 1) + rows * seq * (c.experts + 4 * c.top_k)
     else:
         per_block += 2 * c.ffn * x // t
     blocks = 0 if args.checkpoint_activations else c.layers // layout.pp * per_block * B
