@@ -9,8 +9,9 @@ dominate, 1 thread a rank):
   second in one process, over the matmul peak that process measured in the same run;
 * gloo's latency-bandwidth model, fitted to timed all-reduces on 2 and 4 ranks
   (:func:`ddpguide.bench.allreduce.measure`), and each layout's step time predicted
-  from it (compute at the one process's FLOPs efficiency, plus communication of the
-  counted calls) over the measured step: ``step_time_predicted_over_measured_<layout>``;
+  from it (compute at the FLOPs efficiency of one process on one rank's share of the
+  batch, plus communication of the counted calls) over the measured step:
+  ``step_time_predicted_over_measured_<layout>``;
 * ``bytes_counted_over_predicted``: every kind's counted bytes over the prediction,
   all layouts together (and the worst kind of any layout in the details);
 * ``activation_checkpoint_peak_over_plain``: the growth of the process's peak resident
@@ -76,7 +77,7 @@ def run(quick: bool = False) -> Report:
     steps = 5 if quick else 12
     layouts = LAYOUTS if quick else LAYOUTS + MORE
     details = {"model": " ".join(MODEL), "steps": steps, "threads per rank": 1}
-    progress = tqdm(total=len(layouts) + 4, desc="gpt", file=sys.stderr, leave=False)
+    progress = tqdm(total=len(layouts) + 5 + (0 if quick else 1), desc="gpt", file=sys.stderr, leave=False)
     (alpha, beta), samples = fit(quick)
     progress.update()
     report.add("gloo latency (alpha)", alpha * 1e6, "us", samples=samples)
@@ -89,8 +90,13 @@ def run(quick: bool = False) -> Report:
         _say(f"{name}: step {results[name]['step_seconds'] * 1e3:.1f} ms, "
              f"MFU {results[name]['mfu']:.3f}")
     single = results["1 process"]
-    efficiency = single["mfu"]
-    report.ratios["mfu_one_process"] = efficiency
+    report.ratios["mfu_one_process"] = single["mfu"]
+    efficiency = {1: single["mfu"]}  # ranks -> MFU of one process doing one rank's share
+    for ranks in sorted({r for _, r, _ in layouts} - {1}):
+        batch = int(MODEL[MODEL.index("--batch") + 1]) // ranks
+        efficiency[ranks] = _run((), 1, steps, ("--batch", str(batch)))["mfu"]
+        _say(f"1 process, batch {batch} (one rank's share of {ranks}): MFU {efficiency[ranks]:.3f}")
+        progress.update()
     report.add("1 process: matmul peak", single["peak_flops"] / 1e9, "GFLOP/s", **details)
     counted = predicted = 0
     worst = 1.0
@@ -104,7 +110,8 @@ def run(quick: bool = False) -> Report:
                    memory_measured_over_predicted=found["memory"], mfu=result["mfu"], **details)
         if name != "1 process":
             stages = result["layout"]["pp"]
-            ratio = cost.predict_step_seconds(result, (alpha, beta), efficiency, stages) / \
+            ranks = len(result["memory"])
+            ratio = cost.predict_step_seconds(result, (alpha, beta), efficiency[ranks], stages) / \
                 result["step_seconds"]
             report.ratios[f"step_time_predicted_over_measured_{_key(name)}"] = ratio
             _say(f"{name}: predicted / measured step {ratio:.3f}")
@@ -125,8 +132,10 @@ def run(quick: bool = False) -> Report:
                checkpointed["memory"][0]["peak_rss_growth"] / 2**20, "MiB")
     _say(f"activation_checkpoint_peak_over_plain: {ratio:.3f}")
 
-    eager = single if quick else _run((), 1, steps)
-    compiled = _run((), 1, steps, ("--compile",))
+    small = ("--layers", "1") if quick else ()  # compiling takes minutes on 2 shared cores
+    eager = _run((), 1, steps, small)
+    progress.update()
+    compiled = _run((), 1, steps, (*small, "--compile"))
     progress.update()
     progress.close()
     ratio = compiled["step_seconds"] / eager["step_seconds"]
@@ -135,9 +144,9 @@ def run(quick: bool = False) -> Report:
                eager_first_step=eager["first_step_seconds"])
     _say(f"compile_step_over_eager: {ratio:.3f}")
     report.notes.append(
-        "step time predicted: (model FLOPs / ranks) / (MFU of one process x the matmul peak "
-        "each rank measured at once) x (m + stages - 1) / m under a pipeline, plus every "
-        "counted call's alpha x ring messages + beta x ring bytes, for the busiest rank")
+        "step time predicted: (model FLOPs / ranks) / (MFU of one process on one rank's share "
+        "of the batch x the matmul peak each rank measured at once) x (m + stages - 1) / m "
+        "under a pipeline, plus every counted call's alpha x ring messages + beta x ring bytes, for the busiest rank")
     report.notes.append(f"step times: the median over steps 3..{steps} of every rank (the "
                         "first builds AdamW's state, the second runs under the counters)")
     return report
