@@ -1,5 +1,6 @@
 """What one optimizer step of train.py costs on a layout: predicted from the model's shapes,
-then counted while a step runs. torch only; train.py --cost uses it.
+then counted while a step runs. torch only; train.py --cost uses it. The prediction is
+for the run's dtype: with --bf16 the activations and their collectives are smaller.
 
 "Bytes sent" is, for every collective, the size of the tensor a rank puts in: the shard
 it contributes to an all-gather, the whole tensor it offers to a reduce-scatter or an
@@ -171,7 +172,7 @@ class Meter:
             return
         self.config, self.layout, self.args = config, layout, args
         self.stage, self.optimizer = stage, optimizer
-        self.counted_step = min(1, args.steps - 1)
+        self.begun, self.counted = 0, False  # the second step this run takes is counted
         self.counter, self.saved = CommCounter(), SavedBytes(list(stage.parameters()))
         self.seconds, self.grad_bytes = [], 0
         optimizer.register_step_pre_hook(self._grads)
@@ -191,7 +192,8 @@ class Meter:
 
     def begin(self, step):
         if self.enabled:
-            if step == self.counted_step:
+            self.begun += 1
+            if self.begun == 2:
                 self.counter.__enter__()
                 self.saved.hooks.__enter__()
             self.started = time.perf_counter()
@@ -200,9 +202,10 @@ class Meter:
         if not self.enabled:
             return
         self.seconds.append(time.perf_counter() - self.started)
-        if step == self.counted_step:
+        if self.begun == 2:
             self.saved.hooks.__exit__(None, None, None)
             self.counter.__exit__(None, None, None)
+            self.counted = True
 
     def measured(self):
         state = [t for s in self.optimizer.state.values() for t in s.values()
@@ -213,6 +216,10 @@ class Meter:
 
     def report(self):
         if not self.enabled:
+            return
+        if not self.counted:
+            if dist.get_rank() == 0:
+                print("cost, nothing counted: --cost counts the second step of a run", flush=True)
             return
         mine = {"bytes": self.counter.bytes, "calls": self.counter.calls,
                 "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds}
@@ -232,7 +239,7 @@ class Meter:
             print(f"cost {part}: predicted {predicted['memory'][0][part]} B, measured "
                   f"{every[0]['memory'][part]} B (rank 0); measured / predicted at most {ratio:.3f}")
         # the first step builds AdamW's state, the counted one runs under the counters
-        after = self.counted_step + 1
+        after = 2
         timed = sorted(s for e in every for s in e["seconds"][after:]) or every[0]["seconds"]
         step = timed[len(timed) // 2]
         peak = min(e["peak_flops"] for e in every)
