@@ -90,8 +90,9 @@ class CommCounter(TorchDispatchMode):
 
 class SavedBytes:
     """Peak bytes of the tensors autograd keeps for backward (saved_tensors_hooks), each
-    storage once, parameters (and views of them) left out. A checkpointed block keeps its own (recomputed)
-    tensors through hooks of its own: they are not seen, as they are not kept."""
+    storage once, parameters (and views of them) left out. A checkpointed block keeps
+    its input (seen); what it recomputes in the backward pass lives only there, through
+    hooks of its own (not seen: it is not kept from forward to backward)."""
 
     def __init__(self, parameters):
         self.skip = {_local(p).untyped_storage().data_ptr() for p in parameters}
@@ -399,14 +400,14 @@ def predict_memory(c, layout, args, rank):
     two moments and a step counter per tensor, and the activations autograd keeps.
 
     Activations, in units of one rank's residual stream x (rows x tokens x dim), t = tp:
-    each RMSNorm keeps its input, the normalised input and that times the weight (x/t
-    each under sequence parallelism), and under TP the gathered result the next linear
-    layer keeps (x); attention keeps q (x/t), k and v (cp x/t each, gathered under CP),
+    each RMSNorm keeps its input and the normalised input (x/t each under sequence
+    parallelism), and the next linear layer keeps that times the weight (x; gathered
+    over the sequence under TP); attention keeps q (x/t), k and v (cp x/t each, gathered under CP),
     its output and the copy fed to wo (x/t each); the MLP keeps the GELU's input and
     output (ffn x/t each); plus per-token statistics, the rotary tables and the mask. The
     ends add the token ids, the final norm and the log-softmax of the whole logits. A
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
-    1F1B, all of them under GPipe. A checkpointed block keeps nothing autograd sees.
+    1F1B, all of them under GPipe. A checkpointed block keeps its input only.
     Under EP the rows a rank's experts get depend on the routing: the figure is the
     balanced share (a rank's tokens x top_k), the mean over the EP group.
     """
@@ -428,7 +429,7 @@ def predict_memory(c, layout, args, rank):
             args.microbatches, layout.pp - stage)
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
-    norm = 3 * x // t + (x if t > 1 else 0)
+    norm = 2 * x // t + x
     small = (2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
              + 4 * seq * c.dim // c.heads // 2 + seq * seq * cp)  # rotary cos, sin; mask
     per_block = 2 * norm + (1 + 2 * cp + 2) * x // t + small
@@ -437,7 +438,9 @@ def predict_memory(c, layout, args, rank):
         per_block += routed * (1 + 2 * c.ffn + 1) + rows * seq * (c.experts + 4 * c.top_k)
     else:
         per_block += 2 * c.ffn * x // t
-    blocks = 0 if args.checkpoint_activations else c.layers // layout.pp * per_block * B
+    if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
+        per_block = x // t
+    blocks = c.layers // layout.pp * per_block * B
     ends = rows * seq * 8 if first else 0  # the token ids
     if last:
         ends += (norm + rows * seq * c.vocab + 1) * B
