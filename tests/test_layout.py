@@ -31,7 +31,7 @@ ALLOWED = {
     "experts": {"core", "launch"},
     "gpt": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts"},
+              "sharding", "doctor", "context", "experts", "gpt"},
 }
 
 

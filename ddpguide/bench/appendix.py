@@ -136,6 +136,23 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "hot_expert_step_over_balanced": Anchor("step time, one hot expert / balanced router, EP 2 ranks",
                                                 "up to 2 (rank 0 does all the expert work)", ""),
     },
+    "gpt": {
+        "mfu_one_process": Anchor("model FLOPs (6 x parameters x tokens + attention) per second / the "
+                                  "matmul peak measured in the same run, 1 process, float32", "", ">= 0.5"),
+        "bytes_counted_over_predicted": Anchor("bytes put into every collective, counted in a step / "
+                                               "the formulas of cost.py, every kind and layout",
+                                               "", "= 1.000"),
+        **{f"step_time_predicted_over_measured_{key}": Anchor(
+            f"step time, alpha-beta model + FLOPs / measured, {name}", "", "0.8-1.25")
+           for key, name in (("fsdp2_2", "FSDP2 2"), ("tp_2", "TP 2"), ("pp_2", "PP 2"),
+                             ("ddp_2", "DDP 2"), ("cp_2", "CP 2"),
+                             ("fsdp_x_tp_2_x_2", "FSDP x TP 2 x 2"),
+                             ("pp_x_fsdp_2_x_2", "PP x FSDP 2 x 2"))},
+        "activation_checkpoint_peak_over_plain": Anchor(
+            "growth of peak resident memory in training, --checkpoint-activations / plain, 1 process",
+            "a checkpointed block keeps only its input (Ultra-Scale Playbook)", ""),
+        "compile_step_over_eager": Anchor("step time, --compile (every block) / eager, 1 process", "", ""),
+    },
 }
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
 

@@ -22,6 +22,7 @@ import time
 import warnings
 from dataclasses import asdict
 
+import cost
 import torch
 import torch.distributed as dist
 from model import GPT, Config, loss_of
@@ -82,6 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--out", help="write losses.json and the final parameters here")
     p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
+    p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
+                   "bytes, memory and FLOPs of a step (see cost.py)")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     others = args.pp * args.dp_replicate * args.cp * args.ep * args.tp
@@ -319,7 +322,9 @@ def main():
     data = text_bytes(args.text)
     losses = []
     started = time.perf_counter()
+    meter = cost.Meter(config, layout, args, stage, optimizer, enabled=args.cost)
     for step in range(first, args.steps):
+        meter.begin(step)
         x_all, y_all = batch_of(data, step, args, config.seq)
         total = torch.zeros((), dtype=torch.float64, device=device)
         for a in range(args.accumulate):
@@ -349,12 +354,14 @@ def main():
                 total.zero_()
             dist.all_reduce(total, group=mesh["pp"].get_group())
         losses.append(total.item())
+        meter.end(step)
         if args.save and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
             save(args.save, stage, optimizer, step + 1, config, layout, history + losses)
         if args.log_every and rank == 0 and (step + 1) % args.log_every == 0:
             extra = f", gradient norm {norm:.3f}" if norm is not None else ""
             print(f"step {step + 1}: loss {losses[-1]:.4f}{extra}", flush=True)
     seconds = time.perf_counter() - started
+    meter.report()
     if args.out:
         write_out(args.out, stage, history + losses, first, seconds, mesh, layout)
     if args.save:

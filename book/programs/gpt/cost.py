@@ -1,0 +1,468 @@
+"""What one optimizer step of train.py costs on a layout: predicted from the model's shapes,
+then counted while a step runs. torch only; train.py --cost uses it. The prediction is
+for the run's dtype: with --bf16 the activations and their collectives are smaller.
+
+"Bytes sent" is, for every collective, the size of the tensor a rank puts in: the shard
+it contributes to an all-gather, the whole tensor it offers to a reduce-scatter or an
+all-reduce, the rows it hands to an all-to-all, the tensor it sends (send/recv). A ring
+moves (n - 1) / n of that per step and an all-reduce twice that; the alpha-beta model
+of the package applies those factors, the count does not. A group of one rank sends
+nothing and is not counted.
+
+The counter is a TorchDispatchMode (the mechanism of torch's CommDebugMode): every c10d
+and functional collective passes through the dispatcher, including DDP's bucket
+all-reduces (ProcessGroup::allreduce dispatches c10d::allreduce_) and pipelining's
+send/recv (ProcessGroup::send dispatches c10d::send, recv c10d::recv_).
+"""
+
+import json
+import math
+import resource
+import time
+import weakref
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+c10d, funcol = torch.ops.c10d, torch.ops._c10d_functional
+# op -> (kind, where its input tensors are, where its group is)
+OPS = {
+    c10d._allgather_base_: ("all_gather", 1, 2),
+    c10d.allgather_: ("all_gather", 1, 2),
+    c10d.allgather_into_tensor_coalesced_: ("all_gather", 1, 2),
+    c10d._reduce_scatter_base_: ("reduce_scatter", 1, 2),
+    c10d.reduce_scatter_: ("reduce_scatter", 1, 2),
+    c10d.reduce_scatter_tensor_coalesced_: ("reduce_scatter", 1, 2),
+    c10d.allreduce_: ("all_reduce", 0, 1),
+    c10d.allreduce_coalesced_: ("all_reduce", 0, 1),
+    c10d.alltoall_base_: ("all_to_all", 1, 2),
+    c10d.alltoall_: ("all_to_all", 1, 2),
+    c10d.send: ("send_recv", 0, None),
+    funcol.all_gather_into_tensor: ("all_gather", 0, 2),
+    funcol.all_gather_into_tensor_coalesced: ("all_gather", 0, 2),
+    funcol.reduce_scatter_tensor: ("reduce_scatter", 0, 3),
+    funcol.reduce_scatter_tensor_coalesced: ("reduce_scatter", 0, 3),
+    funcol.all_reduce: ("all_reduce", 0, 2),
+    funcol.all_reduce_coalesced: ("all_reduce", 0, 2),
+    funcol.all_to_all_single: ("all_to_all", 0, 3),
+}
+
+
+def _nbytes(x):
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, (list, tuple)):
+        return sum(_nbytes(t) for t in x)
+    return 0
+
+
+def _group_size(group):
+    if isinstance(group, int):  # funcol's group_size
+        return group
+    if isinstance(group, str):
+        return torch._C._distributed_c10d._resolve_process_group(group).size()
+    return dist.ProcessGroup.unbox(group).size()  # the dispatcher passes a boxed group
+
+
+class CommCounter(TorchDispatchMode):
+    """Bytes each kind of collective puts in, on this rank, while the mode is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = dict.fromkeys(KINDS, 0)
+        self.calls = {}  # "kind/ranks" -> [calls, bytes]: what a latency-bandwidth model needs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        found = OPS.get(func._overloadpacket)
+        if found is not None:
+            kind, where, group = found
+            ranks = _group_size(args[group]) if group is not None else 2
+            if ranks > 1:
+                self.bytes[kind] += _nbytes(args[where])
+                calls = self.calls.setdefault(f"{kind}/{ranks}", [0, 0])
+                calls[0] += 1
+                calls[1] += _nbytes(args[where])
+        return func(*args, **(kwargs or {}))
+
+
+class SavedBytes:
+    """Peak bytes of the tensors autograd keeps for backward (saved_tensors_hooks), each
+    storage once, parameters (and views of them) left out. A checkpointed block keeps
+    its input (seen); what it recomputes in the backward pass lives only there, through
+    hooks of its own (not seen: it is not kept from forward to backward)."""
+
+    def __init__(self, parameters):
+        self.skip = {_local(p).untyped_storage().data_ptr() for p in parameters}
+        self.live, self.refs, self.now, self.peak = {}, {}, 0, 0
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda held: held.tensor)
+
+    def pack(self, tensor):
+        held = _Held(tensor)
+        local = _local(tensor)
+        base = tensor if tensor._base is None else tensor._base
+        if (base.is_leaf and base.requires_grad) or local.device.type == "meta":
+            return held  # a parameter (FSDP's gathered ones too) or a view of one
+        key = local.untyped_storage().data_ptr()
+        if key in self.skip:
+            return held
+        if self.refs.get(key, 0) == 0:
+            self.live[key] = local.untyped_storage().nbytes()
+            self.now += self.live[key]
+            self.peak = max(self.peak, self.now)
+        self.refs[key] = self.refs.get(key, 0) + 1
+        weakref.finalize(held, self.release, key)
+        return held
+
+    def release(self, key):
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.now -= self.live.pop(key)
+
+
+class _Held:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def _local(t):
+    """The plain tensor under a DTensor (and under a collective's pending result)."""
+    while is_traceable_wrapper_subclass(t):
+        t = getattr(t, t.__tensor_flatten__()[0][0])
+    return t
+
+
+def _bytes_of(tensors):
+    return sum(_local(t).numel() * _local(t).element_size() for t in tensors if t is not None)
+
+
+def _rss():
+    """This process's resident bytes now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _max_rss():
+    """Its largest resident bytes so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def matmul_peak(m, k, n, dtype, repeats=5):
+    """FLOP/s of this process's best (m x k) @ (k x n) matmul, in the run's dtype."""
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        best = min(best, (time.perf_counter() - started) / 10)
+    return 2 * m * k * n / best
+
+
+class Meter:
+    """train.py --cost: count one step (the second: the first builds AdamW's state lazily)
+    and time every step; rank 0 prints the prediction first and the comparison last."""
+
+    def __init__(self, config, layout, args, stage, optimizer, enabled=True):
+        self.enabled = enabled
+        if not enabled:
+            return
+        self.config, self.layout, self.args = config, layout, args
+        self.stage, self.optimizer = stage, optimizer
+        self.begun, self.counted = 0, False  # the second step this run takes is counted
+        self.counter, self.saved = CommCounter(), SavedBytes(list(stage.parameters()))
+        self.seconds, self.grad_bytes = [], 0
+        optimizer.register_step_pre_hook(self._grads)
+        self.prediction = predict(config, layout, args)
+        self.rss_before = _rss()
+        rows = args.batch // layout.data_parallel * config.seq // layout.cp
+        dist.barrier()  # every rank times its matmul at once: the same contention as training
+        self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim,
+                                getattr(torch, args.dtype))
+        if dist.get_rank() == 0:
+            mine = self.prediction["bytes"][0]
+            print("cost predicted, rank 0: " + ", ".join(f"{k} {v} B" for k, v in mine.items())
+                  + f"; {self.prediction['flops']:.3g} FLOPs a step", flush=True)
+
+    def _grads(self, optimizer, args, kwargs):
+        self.grad_bytes = _bytes_of(p.grad for g in optimizer.param_groups for p in g["params"])
+
+    def begin(self, step):
+        if self.enabled:
+            self.begun += 1
+            if self.begun == 2:
+                self.counter.__enter__()
+                self.saved.hooks.__enter__()
+            self.started = time.perf_counter()
+
+    def end(self, step):
+        if not self.enabled:
+            return
+        self.seconds.append(time.perf_counter() - self.started)
+        if self.begun == 2:
+            self.saved.hooks.__exit__(None, None, None)
+            self.counter.__exit__(None, None, None)
+            self.counted = True
+
+    def measured(self):
+        state = [t for s in self.optimizer.state.values() for t in s.values()
+                 if isinstance(t, torch.Tensor)]
+        return {"parameters": _bytes_of(self.stage.parameters()), "gradients": self.grad_bytes,
+                "optimizer": _bytes_of(state), "activations": self.saved.peak,
+                "peak_rss_growth": _max_rss() - self.rss_before}
+
+    def report(self):
+        if not self.enabled:
+            return
+        if not self.counted:
+            if dist.get_rank() == 0:
+                print("cost, nothing counted: --cost counts the second step of a run", flush=True)
+            return
+        mine = {"bytes": self.counter.bytes, "calls": self.counter.calls,
+                "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds}
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        if dist.get_rank() != 0:
+            return
+        predicted = self.prediction
+        for kind in KINDS:
+            p, c = (sum(r[kind] for r in x) for x in (predicted["bytes"], [e["bytes"] for e in every]))
+            same = all(a[kind] == e["bytes"][kind] for a, e in zip(predicted["bytes"], every))
+            print(f"cost {kind}: predicted {p} B, counted {c} B (all ranks)"
+                  + ("" if same else ", ranks differ"), flush=True)
+        for part in ("parameters", "gradients", "optimizer", "activations"):
+            ratio = max(e["memory"][part] / max(p[part], 1)
+                        for e, p in zip(every, predicted["memory"]))
+            print(f"cost {part}: predicted {predicted['memory'][0][part]} B, measured "
+                  f"{every[0]['memory'][part]} B (rank 0); measured / predicted at most {ratio:.3f}")
+        # the first step builds AdamW's state, the counted one runs under the counters
+        after = 2
+        timed = sorted(s for e in every for s in e["seconds"][after:]) or every[0]["seconds"]
+        step = timed[len(timed) // 2]
+        peak = min(e["peak_flops"] for e in every)
+        mfu = predicted["flops"] / step / (peak * self.layout.world)
+        print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
+              f"{peak / 1e9:.2f} GFLOP/s a rank; model-FLOPs utilisation {mfu:.3f}")
+        print("cost: " + json.dumps({"predicted": predicted, "counted": [e["bytes"] for e in every],
+                                     "calls": [e["calls"] for e in every],
+                                     "memory": [e["memory"] for e in every],
+                                     "step_seconds": step, "peak_flops": peak, "mfu": mfu,
+                                     "first_step_seconds": max(e["seconds"][0] for e in every),
+                                     "layout": asdict(self.layout),
+                                     "microbatches": self.args.microbatches}), flush=True)
+
+
+def _chunk(rows, ranks, index):
+    """Rows of a dim-0 shard: FSDP2 pads dim 0 to a multiple of the ranks (ceil each)."""
+    per = -(-rows // ranks)
+    return per, max(0, min(per, rows - index * per))
+
+
+def stage_parameters(c, layout, stage):
+    """(name, local shape under TP, FSDP group) of every parameter a pipeline stage holds.
+
+    Tensor parallelism splits wq, wk, wv, w1 by output rows (dim 0), wo, w2 by input
+    columns (dim 1) and the embedding by vocabulary rows; norms stay whole. Each block is
+    an FSDP group (its experts another, under EP); the root group holds the rest.
+    """
+    t, d, h = layout.tp, c.dim, c.ffn * c.dim
+    per = c.layers // layout.pp
+    params = []
+    for i in range(stage * per, (stage + 1) * per):
+        block = f"block{i}"
+        params += [("attn_norm", (d,), block), ("mlp_norm", (d,), block)]
+        params += [(w, (d // t, d), block) for w in ("wq", "wk", "wv")] + [("wo", (d, d // t), block)]
+        if c.experts:
+            ep_group = f"experts{i}" if layout.ep > 1 else block
+            params += [("router", (c.experts, d), block),
+                       ("w1", (c.experts // layout.ep, d, h), ep_group),
+                       ("w2", (c.experts // layout.ep, h, d), ep_group)]
+        else:
+            params += [("w1", (h // t, d), block), ("w2", (d, h // t), block)]
+    if stage in (0, layout.pp - 1):
+        params.append(("tok_emb", (c.vocab // t, d), "root"))
+    if stage == layout.pp - 1:
+        params.append(("norm", (d,), "root"))
+    return params
+
+
+def coordinates(layout, rank):
+    """This rank's place on the mesh (pp outermost, tp innermost, as parallelize.AXES)."""
+    out = {}
+    for axis in reversed(("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp")):
+        size = getattr(layout, axis)
+        out[axis], rank = rank % size, rank // size
+    return out
+
+
+def _fsdp(layout):
+    sharded = layout.dp_shard * layout.cp * layout.ep > 1
+    return sharded or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1))
+
+
+def predict_bytes(c, layout, args, rank):
+    """Bytes this rank puts into each kind of collective in one optimizer step.
+
+    All-to-all under EP: the rows a rank gets back depend on the routing; the figure is
+    the mean over the EP group (which is exact: each row sent is received once).
+    """
+    B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    at = coordinates(layout, rank)
+    stage, t, cp = at["pp"], layout.tp, layout.cp
+    first, last = stage == 0, stage == layout.pp - 1
+    per = c.layers // layout.pp
+    rows = args.batch // layout.data_parallel  # sequences per rank per pass
+    seq = c.seq // cp  # tokens of a sequence on this rank
+    act_full, act_shard = rows * seq * c.dim * B, rows * seq // t * c.dim * B
+    forwards = 2 if args.checkpoint_activations else 1  # a checkpointed block runs twice
+    sent = dict.fromkeys(KINDS, 0)
+    passes = args.accumulate  # forward and backward of the local batch, per step
+    params = stage_parameters(c, layout, stage)
+
+    if _fsdp(layout):
+        n = layout.dp_shard * cp * layout.ep  # dense shards; experts over dp_shard x cp
+        groups = {}
+        for _, shape, group in params:
+            ranks = n if not group.startswith("experts") else layout.dp_shard * cp
+            padded, _ = _chunk(shape[0], ranks, 0)
+            numel = padded * math.prod(shape[1:])
+            shard, full = groups.get(group, (0, 0))
+            groups[group] = (shard + numel, full + numel * ranks)
+        # outside a pipeline each group is gathered for forward and again for backward
+        # (reshard_after_forward); a pipeline keeps it gathered over its micro-batches, and
+        # reduce-scatters once, after the last one
+        gathers = 2 * passes if layout.pp == 1 else passes
+        for shard, full in groups.values():
+            sent["all_gather"] += gathers * shard * B
+            sent["reduce_scatter"] += passes * full * B
+            if layout.dp_replicate > 1:  # HSDP: the shard is all-reduced over the replicas
+                sent["all_reduce"] += passes * shard * B
+    elif layout.dp_replicate > 1:  # DDP: every gradient, in buckets, after each backward
+        sent["all_reduce"] += passes * sum(math.prod(s) for _, s, _ in params) * B
+
+    if t > 1:
+        # sequence parallelism: before each block's attention and MLP an all-gather of the
+        # rank's piece of the sequence; after wo and w2 a reduce-scatter of the whole
+        # partial sums; backward swaps them
+        sent["all_gather"] += passes * per * (2 * forwards * act_shard + 2 * act_shard)
+        # (a checkpointed block recomputes up to its last saved tensor: wo's reduce-scatter
+        # again, not w2's, whose output nothing in the block keeps)
+        sent["reduce_scatter"] += passes * per * (2 + (forwards - 1) + 2) * act_full
+        if first:  # the vocabulary-split embedding: reduce-scatter; backward all-gather
+            sent["reduce_scatter"] += passes * act_full
+            sent["all_gather"] += passes * act_shard
+        if last:  # the head gathers the sequence, then the vocabulary-split logits
+            sent["all_gather"] += passes * (act_shard + rows * seq * c.vocab // t * B)
+            sent["reduce_scatter"] += passes * act_full
+        if args.clip:  # the norms' gradients are partial sums over tp: summed for the norm
+            sent["all_reduce"] += (2 * per + last) * c.dim * B
+    if cp > 1:  # every block gathers K and V (forward), reduce-scatters their gradients
+        kv = rows * seq * c.dim // t * B
+        sent["all_gather"] += passes * per * 2 * forwards * kv
+        sent["reduce_scatter"] += passes * per * 2 * cp * kv
+    if layout.ep > 1:  # counts (int64), then rows out and back, forward and backward
+        tokens = rows * seq * c.top_k * c.dim * B
+        sent["all_to_all"] += passes * per * (forwards * (c.experts * 8 + 2 * tokens) + 2 * tokens)
+    if layout.pp > 1:  # activations forward, their gradients backward, per micro-batch
+        sent["send_recv"] += passes * act_shard * ((not last) + (not first))
+        if first or last:  # the tied embedding's gradient, between first and last stage
+            rows_emb = c.vocab // t
+            if _fsdp(layout):
+                n = layout.dp_shard * cp * layout.ep
+                index = (at["dp_shard"] * cp + at["cp"]) * layout.ep + at["ep"]
+                rows_emb = _chunk(rows_emb, n, index)[1]
+            sent["all_reduce"] += rows_emb * c.dim * B
+    if layout.world > 1 and args.clip:  # the squared gradient norm, one float64
+        sent["all_reduce"] += 8
+    if layout.data_parallel * cp > 1:  # the loss, one float64, averaged
+        sent["all_reduce"] += 8
+    if layout.pp > 1:  # and sent from the last stage to the others
+        sent["all_reduce"] += 8
+    return sent
+
+
+def _fsdp_index(layout, at, experts=False):
+    """(shards, this rank's shard) of a parameter under FSDP; (1, 0) without it."""
+    if not _fsdp(layout):
+        return 1, 0
+    if experts:
+        return layout.dp_shard * layout.cp, at["dp_shard"] * layout.cp + at["cp"]
+    n = layout.dp_shard * layout.cp * layout.ep
+    return n, (at["dp_shard"] * layout.cp + at["cp"]) * layout.ep + at["ep"]
+
+
+def predict_memory(c, layout, args, rank):
+    """Bytes this rank holds: parameters (its shards), gradients (the same shapes), AdamW's
+    two moments and a step counter per tensor, and the activations autograd keeps.
+
+    Activations, in units of one rank's residual stream x (rows x tokens x dim), t = tp:
+    each RMSNorm keeps its input and the normalised input (x/t each under sequence
+    parallelism), and the next linear layer keeps that times the weight (x; gathered
+    over the sequence under TP); attention keeps q (x/t), k and v (cp x/t each, gathered under CP),
+    its output and the copy fed to wo (x/t each); the MLP keeps the GELU's input and
+    output (ffn x/t each); plus per-token statistics, the rotary tables and the mask. The
+    ends add the token ids, the final norm and the log-softmax of the whole logits. A
+    pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
+    1F1B, all of them under GPipe. A checkpointed block keeps its input only.
+    Under EP the rows a rank's experts get depend on the routing: the figure is the
+    balanced share (a rank's tokens x top_k), the mean over the EP group.
+    """
+    B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    at = coordinates(layout, rank)
+    stage, t, cp = at["pp"], layout.tp, layout.cp
+    first, last = stage == 0, stage == layout.pp - 1
+    params = 0
+    count = 0
+    for _, shape, group in stage_parameters(c, layout, stage):
+        n, index = _fsdp_index(layout, at, experts=group.startswith("experts"))
+        params += _chunk(shape[0], n, index)[1] * math.prod(shape[1:])
+        count += 1
+    rows = args.batch // layout.data_parallel
+    in_flight = 1
+    if layout.pp > 1:
+        rows //= args.microbatches
+        in_flight = args.microbatches if args.schedule == "GPipe" else min(
+            args.microbatches, layout.pp - stage)
+    seq = c.seq // cp
+    x = rows * seq * c.dim  # elements
+    norm = 2 * x // t + x
+    small = (2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
+             + 4 * seq * c.dim // c.heads // 2 + seq * seq * cp)  # rotary cos, sin; mask
+    per_block = 2 * norm + (1 + 2 * cp + 2) * x // t + small
+    if c.experts:  # routed rows in, hidden in and out, rows out of every expert
+        routed = rows * seq * c.top_k * c.dim
+        per_block += routed * (1 + 2 * c.ffn + 1) + rows * seq * (c.experts + 4 * c.top_k)
+    else:
+        per_block += 2 * c.ffn * x // t
+    if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
+        per_block = x // t
+    blocks = c.layers // layout.pp * per_block * B
+    ends = rows * seq * 8 if first else 0  # the token ids
+    if last:
+        ends += (norm + rows * seq * c.vocab + 1) * B
+    return {"parameters": params * B, "gradients": params * B,
+            "optimizer": (2 * params + count) * B, "activations": in_flight * (blocks + ends)}
+
+
+def flops(c, args):
+    """Model FLOPs of one optimizer step, all ranks together: 6 x (matmul parameters) x
+    tokens (forward 2, backward 4 per parameter and token), plus attention's two matmuls
+    (q k^T and the weights times v: 2 x 2 x seq x dim a token forward, the mask computed
+    in full) times 3 for the backward: 12 x layers x dim x seq^2 per sequence."""
+    hidden = c.ffn * c.dim
+    mlp = c.top_k * 2 * c.dim * hidden + c.dim * c.experts if c.experts else 2 * c.dim * hidden
+    matmul = c.layers * (4 * c.dim * c.dim + mlp) + c.vocab * c.dim  # the head is the embedding
+    sequences = args.batch * args.accumulate
+    return 6 * matmul * sequences * c.seq + 12 * c.layers * c.dim * c.seq ** 2 * sequences
+
+
+def predict(config, layout, args):
+    """The prediction for every rank: bytes by kind, memory; and the FLOPs of a step."""
+    ranks = range(layout.world)
+    return {"bytes": [predict_bytes(config, layout, args, r) for r in ranks],
+            "memory": [predict_memory(config, layout, args, r) for r in ranks],
+            "flops": flops(config, args)}

@@ -1,0 +1,59 @@
+"""Chapter 14: train.py --cost predicts the bytes of every collective a step runs, and the
+count equals it exactly, per kind and per rank; parameters, gradients, AdamW state and
+activations measured within 10% of the prediction; the alpha-beta fit recovers its
+parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpguide.gpt.cost import COST_LAYOUTS, KINDS, MEMORY, compare, fit_alpha_beta, measure, ring_steps, wire_bytes
+
+CASES = [*COST_LAYOUTS[1:],
+         ("TP x CP 2 x 2, checkpointed", 4, ("--tp", "2", "--cp", "2", "--checkpoint-activations")),
+         ("HSDP 2 x 2, 2 accumulations", 4, ("--dp-replicate", "2", "--dp-shard", "2",
+                                              "--accumulate", "2"))]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name,ranks,options", CASES, ids=[c[0] for c in CASES])
+def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
+    result, _ = measure(options, ranks, workdir=tmp_path)
+    found = compare(result)
+    for kind in KINDS:
+        assert found["bytes"][kind]["counted"] == found["bytes"][kind]["predicted"], (kind, found)
+        if kind != "all_to_all":  # routing decides each rank's share of the all-to-all
+            assert found["per_rank"][kind], (kind, result["predicted"]["bytes"], result["counted"])
+    assert sum(v["counted"] for v in found["bytes"].values()) > 0
+    routed = "--ep" in options  # a rank's expert rows depend on the routing: all ranks together
+    for part in MEMORY:
+        ratio = found["memory_mean" if routed and part == "activations" else "memory"][part]
+        assert 0.9 <= ratio <= 1.1, (part, found["memory"], found["memory_mean"])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_one_process_sends_nothing_and_its_memory_is_predicted(tmp_path):
+    result, done = measure((), 1, workdir=tmp_path)
+    assert result["counted"] == [dict.fromkeys(KINDS, 0)]
+    found = compare(result)
+    assert all(0.9 <= found["memory"][part] <= 1.1 for part in MEMORY), found["memory"]
+    assert 0 < result["mfu"] < 1
+    assert "cost all_gather: predicted 0 B, counted 0 B (all ranks)" in done.program_lines()
+
+
+def test_fit_alpha_beta_recovers_latency_and_bandwidth():
+    alpha, beta = 50e-6, 1e-9
+    samples = []
+    for kind, ranks, size in [("all_reduce", 2, 4096), ("all_reduce", 4, 2**20),
+                              ("all_gather", 4, 2**16), ("send_recv", 2, 2**22)]:
+        samples.append((kind, ranks, size, alpha * ring_steps(kind, ranks)
+                        + beta * wire_bytes(kind, ranks, size)))
+    a, b = fit_alpha_beta(samples)
+    assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
+
+
+def test_fit_alpha_beta_refuses_samples_of_one_shape():
+    with pytest.raises(ValueError, match="do not separate latency from bandwidth"):
+        fit_alpha_beta([("all_reduce", 2, 0, 1e-4), ("all_reduce", 2, 0, 2e-4)])
