@@ -97,7 +97,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ), ("bench",)),
     "14_gpt_capstone": ("14", (
         "gpt.layouts", "launch.programs",
-    ), ("gpt",)),
+    ), ("bench", "gpt")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

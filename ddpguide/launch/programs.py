@@ -34,8 +34,9 @@ from ddpguide.core.processes import descendants, signal_all
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 
 #: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
-#: on a terminal, and its OMP_NUM_THREADS notice, which comes without that prefix otherwise.
-_TORCHRUN_LOG = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|Setting OMP_NUM_THREADS )")
+#: on a terminal, and its OMP_NUM_THREADS notice and the rows of stars around it, which come
+#: without that prefix otherwise.
+_TORCHRUN_LOG = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\]|Setting OMP_NUM_THREADS |\*{20,}$)")
 
 
 class ProgramTimeout(TimeoutError):
