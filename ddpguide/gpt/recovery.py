@@ -56,8 +56,8 @@ def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: flo
     import shutil
 
     workdir.mkdir(parents=True, exist_ok=True)
-    for name in ("train.py", "model.py", "parallelize.py"):
-        shutil.copy(path_of(f"gpt/{name}"), workdir / name)
+    for source in path_of("gpt/train.py").parent.glob("*.py"):  # the program and its modules
+        shutil.copy(source, workdir / source.name)
     options = list(CHECK)
     options[options.index("--steps") + 1] = str(steps)
     args = ["--tp", "2", "--dp-shard", "auto", *options, "--save", str(workdir / "checkpoints"),

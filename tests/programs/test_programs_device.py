@@ -62,6 +62,11 @@ def test_a_debug_program_runs_on_gloo_and_the_cpu_even_with_gpus(monkeypatch, na
     program = load_program(PROGRAMS / "debug" / name)
     simulate(monkeypatch, 8, {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     calls = []
+    timeouts = []
     monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(dist, "set_timeout", lambda timeout, group=None: timeouts.append(timeout))
     assert program.start() == torch.device("cpu")
     assert [args[0] if args else kwargs["backend"] for args, kwargs in calls] == ["gloo"]
+    # joined with the long timeout (ranks that start slowly still join), then the short one set
+    assert calls[0][1]["timeout"] == program.JOIN_TIMEOUT
+    assert timeouts == [program.TIMEOUT] and program.TIMEOUT < program.JOIN_TIMEOUT
