@@ -41,6 +41,18 @@ CHECK = ("--dtype", "float64", "--dim", "32", "--heads", "4", "--layers", "2", "
          "--batch", "8", "--steps", "3")
 
 
+def check_options(**changes) -> tuple[str, ...]:
+    """CHECK with some options changed (``steps=5``); a value of None adds the bare flag."""
+    options = list(CHECK)
+    for name, value in changes.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in options:
+            options[options.index(flag) + 1] = str(value)
+        else:
+            options += [flag] if value is None else [flag, str(value)]
+    return tuple(options)
+
+
 @dataclass(frozen=True)
 class LayoutRun:
     name: str

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all, store_port
-from ddpguide.gpt.layouts import CHECK
-from ddpguide.launch.programs import path_of
+from ddpguide.gpt.layouts import PROGRAM, check_options
+from ddpguide.launch.programs import copy_program
 
 #: rendezvous settings that make a lost node noticed in seconds (chapter 4 measures them)
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
@@ -53,14 +53,8 @@ def completed(folder: Path) -> list[int]:
 
 def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: float = 400.0) -> Recovery:
     """Run the scenario; return the final loss record and when the node was lost."""
-    import shutil
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    for source in path_of("gpt/train.py").parent.glob("*.py"):  # the program and its modules
-        shutil.copy(source, workdir / source.name)
-    options = list(CHECK)
-    options[options.index("--steps") + 1] = str(steps)
-    args = ["--tp", "2", "--dp-shard", "auto", *options, "--save", str(workdir / "checkpoints"),
+    copy_program(PROGRAM, workdir)
+    args = ["--tp", "2", "--dp-shard", "auto", *check_options(steps=steps), "--save", str(workdir / "checkpoints"),
             "--save-every", "1", "--resume", "--out", str(workdir / "out")]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", DIE_WITH_PARENT_ENV: "1"}

@@ -136,6 +136,16 @@ def show_diff(old: str, new: str, context: int = 2):
     return Code(diff(old, new, context), language="diff")
 
 
+def copy_program(name: str, folder: str | os.PathLike) -> Path:
+    """Copy program ``name`` into ``folder`` (made if need be), with its neighbours when it is
+    a program of several files in a folder of its own (``gpt/train.py``); return the copy."""
+    source, folder = path_of(name), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in source.parent.glob("*.py") if source.parent != PROGRAMS else [source]:
+        shutil.copy(part, folder / part.name)
+    return folder / source.name
+
+
 def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
         expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
         workdir: str | os.PathLike | None = None) -> ProgramRun:
@@ -148,11 +158,7 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     """
     source = path_of(name)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(source, folder / source.name)
-    if source.parent != PROGRAMS:  # a program of several files (gpt/): its neighbours too
-        for neighbour in source.parent.glob("*.py"):
-            shutil.copy(neighbour, folder / neighbour.name)
+    copy_program(name, folder)
     command = [*launcher, source.name, *args]
     shown = " ".join(shlex.quote(part) for part in command)
     executable = {"python": [sys.executable],

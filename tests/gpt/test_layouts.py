@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.gpt.layouts import CHECK, FOUR_D, LAYOUTS, compare, equivalence_table, launch
+from ddpguide.gpt.layouts import FOUR_D, LAYOUTS, check_options, compare, equivalence_table, launch
 
 TOLERANCE = 1e-10
 
@@ -25,25 +25,18 @@ def test_every_layout_equals_one_process(table, name):
     assert row["parameter_difference"] <= TOLERANCE, row
 
 
-def steps(n):
-    """CHECK with --steps n."""
-    options = list(CHECK)
-    options[options.index("--steps") + 1] = str(n)
-    return tuple(options)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    return launch((), 1, tmp_path_factory.mktemp("whole"), extra=steps(5))
+    return launch((), 1, tmp_path_factory.mktemp("whole"), extra=check_options(steps=5))
 
 
 def resumed(tmp_path, saver, loader):
     """Steps 1-3 on the saver's layout, then steps 4-5 on the loader's from its checkpoint."""
     (save_ranks, save_options), (load_ranks, load_options) = saver, loader
     checkpoint = tmp_path / "checkpoint"
-    launch(save_options, save_ranks, tmp_path / "first", extra=(*steps(3), "--save", str(checkpoint)))
+    launch(save_options, save_ranks, tmp_path / "first", extra=(*check_options(steps=3), "--save", str(checkpoint)))
     return launch(load_options, load_ranks, tmp_path / "second",
-                  extra=(*steps(5), "--load", str(checkpoint)))
+                  extra=(*check_options(steps=5), "--load", str(checkpoint)))
 
 
 FSDP_TP = (4, ("--dp-shard", "2", "--tp", "2"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.gpt.layouts import CHECK, launch
+from ddpguide.gpt.layouts import check_options, launch
 from ddpguide.gpt.recovery import lose_a_node
 
 
@@ -14,9 +14,7 @@ from ddpguide.gpt.recovery import lose_a_node
 @pytest.mark.timeout(600)
 def test_losing_a_node_resumes_on_fewer_ranks_with_every_step_once(tmp_path):
     steps = 8
-    options = list(CHECK)
-    options[options.index("--steps") + 1] = str(steps)
-    whole = launch((), 1, tmp_path / "whole", extra=tuple(options))
+    whole = launch((), 1, tmp_path / "whole", extra=check_options(steps=steps))
     recovery = lose_a_node(tmp_path / "job", steps=steps, kill_after=2)
     assert recovery.layout["tp"] == 2 and recovery.layout["dp_shard"] == 1  # 2 ranks now
     assert 2 <= recovery.first_step < steps  # resumed from a checkpoint, not from scratch

@@ -6,21 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.gpt.layouts import CHECK, compare, launch
+from ddpguide.gpt.layouts import check_options, compare, launch
 
 TOLERANCE = 1e-10
-
-
-def with_options(**changes):
-    """CHECK with some options changed (None: the flag alone)."""
-    options = list(CHECK)
-    for name, value in changes.items():
-        flag = "--" + name.replace("_", "-")
-        if flag in options:
-            options[options.index(flag) + 1] = str(value)
-        else:
-            options += [flag] if value is None else [flag, str(value)]
-    return tuple(options)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +19,7 @@ def one(tmp_path_factory):
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
     """One process on the batch of 16 that two accumulated halves of 8 make."""
-    return launch((), 1, tmp_path_factory.mktemp("whole"), extra=with_options(batch=16))
+    return launch((), 1, tmp_path_factory.mktemp("whole"), extra=check_options(batch=16))
 
 
 @pytest.mark.multiprocess
@@ -39,7 +27,7 @@ def whole(tmp_path_factory):
 @pytest.mark.parametrize("ranks, layout", [(2, ("--pp", "2")), (4, ("--dp-shard", "2", "--tp", "2"))],
                          ids=["pp", "fsdp-tp"])
 def test_two_accumulated_halves_equal_one_process_on_the_whole_batch(tmp_path, whole, ranks, layout):
-    halves = launch(layout, ranks, tmp_path / "halves", extra=with_options(accumulate=2))
+    halves = launch(layout, ranks, tmp_path / "halves", extra=check_options(accumulate=2))
     assert max(compare(whole, halves)) <= TOLERANCE
 
 
@@ -47,7 +35,7 @@ def test_two_accumulated_halves_equal_one_process_on_the_whole_batch(tmp_path, w
 @pytest.mark.timeout(300)
 def test_clipping_is_active_in_the_checks(tmp_path, one):
     """Without it the run differs: the equivalence tests do check the clipped norm."""
-    unclipped = launch((), 1, tmp_path / "unclipped", extra=with_options(clip=0))
+    unclipped = launch((), 1, tmp_path / "unclipped", extra=check_options(clip=0))
     assert max(compare(one, unclipped)) > 1e-4
 
 
@@ -55,7 +43,7 @@ def test_clipping_is_active_in_the_checks(tmp_path, one):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("ranks, layout", [(1, ()), (2, ("--dp-shard", "2"))], ids=["one", "fsdp"])
 def test_activation_checkpointing_changes_nothing(tmp_path, one, ranks, layout):
-    checkpointed = launch(layout, ranks, tmp_path / "ac", extra=with_options(checkpoint_activations=None))
+    checkpointed = launch(layout, ranks, tmp_path / "ac", extra=check_options(checkpoint_activations=None))
     assert max(compare(one, checkpointed)) <= TOLERANCE
 
 
@@ -63,7 +51,7 @@ def test_activation_checkpointing_changes_nothing(tmp_path, one, ranks, layout):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("ranks, layout", [(1, ()), (2, ("--dp-shard", "2"))], ids=["one", "fsdp"])
 def test_compiled_blocks_equal_eager(tmp_path, one, ranks, layout):
-    compiled = launch(layout, ranks, tmp_path / "compiled", extra=with_options(compile=None), timeout=600)
+    compiled = launch(layout, ranks, tmp_path / "compiled", extra=check_options(compile=None), timeout=600)
     assert max(compare(one, compiled)) <= TOLERANCE
 
 
