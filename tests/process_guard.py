@@ -11,13 +11,17 @@ import psutil
 def live_children(ignore: Callable[[psutil.Process], bool] = lambda process: False) -> dict[int, str]:
     """Live descendants of this process (pid -> command line), minus ``ignore``d ones.
 
-    multiprocessing's resource tracker is always ignored: it lives as long as
-    the test session.
+    multiprocessing's resource tracker and the warm server of
+    :mod:`ddpguide.launch.warm` are always ignored: they live as long as the test
+    session (the ranks forked from the server are not).
     """
+    from ddpguide.launch.warm import server_pid
+
     out = {}
+    server = server_pid()
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() == psutil.STATUS_ZOMBIE or ignore(child):
+            if child.status() == psutil.STATUS_ZOMBIE or child.pid == server or ignore(child):
                 continue
             cmdline = " ".join(child.cmdline())
             if "resource_tracker" not in cmdline:

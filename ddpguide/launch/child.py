@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,9 +30,9 @@ FAILURES_FILE = "failures"
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
+    #: ``pickle.dumps((fn, args, kwargs))``: unpickled by the rank inside its own error
+    #: handling, so that a function it cannot import is reported like any other failure
+    call: bytes
     world_size: int
     runtime: Runtime
     store_port: int
@@ -55,7 +56,11 @@ def record_failure(workdir: Path, rank: int) -> None:
         os.close(fd)
 
 
-def worker_entry(rank: int, spec: WorkerSpec) -> None:
+def worker_entry(rank: int, spec: WorkerSpec, start: Any = None) -> None:
+    """A rank's life; ``start`` is the :class:`ddpguide.launch.warm.WarmStart` of a rank
+    forked from the warm server (its environment and log), None for a spawned one."""
+    if start is not None:
+        start.apply()
     die_with_parent()
     workdir = Path(spec.workdir)
     try:
@@ -77,7 +82,8 @@ def worker_entry(rank: int, spec: WorkerSpec) -> None:
         dist.init_process_group(
             spec.runtime.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout
         )
-        result = spec.fn(*spec.args, **spec.kwargs)
+        fn, args, kwargs = pickle.loads(spec.call)
+        result = fn(*args, **kwargs)
         partial = workdir / f"rank{rank}.result.part"
         torch.save(result, partial)
         os.replace(partial, workdir / f"rank{rank}.result")

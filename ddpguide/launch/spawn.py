@@ -22,6 +22,7 @@ import datetime
 import inspect
 import math
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -32,11 +33,11 @@ from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
 from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S as DEFAULT_COLLECTIVE_TIMEOUT_S
 from ddpguide.core.timeouts import MAX_TIMEOUT_S
+from ddpguide.launch import warm
 from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
 
 DEFAULT_TIMEOUT_S = 120.0  # the whole job's, not one collective's
@@ -203,25 +204,30 @@ def spawn(
         timeout=datetime.timedelta(seconds=collective_timeout),
     )
     workdir = Path(tempfile.mkdtemp(prefix="ddpguide-spawn-"))
-    spec = WorkerSpec(fn, tuple(args), dict(kwargs), world_size, runtime, store.port,
+    spec = WorkerSpec(pickle.dumps((fn, tuple(args), dict(kwargs))), world_size, runtime, store.port,
                        collective_timeout, timeout, str(workdir))
-    ctx = mp.get_context("spawn")
     logs = [workdir / f"rank{rank}.log" for rank in range(world_size)]
+    child_envs = [{
+        **DistEnv(rank=rank, local_rank=rank, world_size=world_size,
+                  local_world_size=world_size, master_port=store.port).as_environ(),
+        # The runtime chosen here is the one every select_runtime() in the
+        # child returns: the group's backend and the model's device agree.
+        "DDPGUIDE_BACKEND": runtime.backend, "DDPGUIDE_DEVICE": runtime.device_type,
+        "OMP_NUM_THREADS": str(threads), **(env or {}),
+    } for rank in range(world_size)]
+    ctx = warm.context({**os.environ, **child_envs[0]})  # forked from a warm server, or spawned
     echo_logs = _LogEcho(logs, echo)
     processes: list = []
     try:
         for rank in range(world_size):
-            child_env = {
-                **DistEnv(rank=rank, local_rank=rank, world_size=world_size,
-                          local_world_size=world_size, master_port=store.port).as_environ(),
-                # The runtime chosen here is the one every select_runtime() in the
-                # child returns: the group's backend and the model's device agree.
-                "DDPGUIDE_BACKEND": runtime.backend, "DDPGUIDE_DEVICE": runtime.device_type,
-                "OMP_NUM_THREADS": str(threads), **(env or {}),
-            }
-            process = ctx.Process(target=worker_entry, args=(rank, spec), name=f"ddpguide-rank{rank}")
-            with _child_stdio_and_env(logs[rank], child_env):
+            if ctx.get_start_method() == "forkserver":  # the rank sets them itself
+                start = warm.WarmStart({**os.environ, **child_envs[rank]}, str(logs[rank]))
+                process = ctx.Process(target=worker_entry, args=(rank, spec, start), name=f"ddpguide-rank{rank}")
                 process.start()
+            else:
+                process = ctx.Process(target=worker_entry, args=(rank, spec), name=f"ddpguide-rank{rank}")
+                with _child_stdio_and_env(logs[rank], child_envs[rank]):
+                    process.start()
             processes.append(process)
 
         deadline = time.monotonic() + timeout

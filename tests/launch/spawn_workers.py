@@ -56,3 +56,16 @@ def leave_without_returning():
     import os
 
     os._exit(0)
+
+
+def parent_and_variables(names):
+    """The rank's parent process (the warm server, or the caller) and some variables."""
+    return {"parent": os.getppid(), "rank": os.environ["RANK"],
+            "variables": {name: os.environ.get(name) for name in names}}
+
+
+def touch_and_sleep(folder_prefix: str):
+    """Say the rank is up (a file named ``<prefix>-<rank>``), then wait to be killed."""
+    with open(f"{folder_prefix}-{dist.get_rank()}", "w"):
+        pass
+    time.sleep(3600)

@@ -1,0 +1,121 @@
+"""Ranks started warm: forked from a server that has already imported torch.
+
+A rank that :func:`ddpguide.launch.spawn.spawn` starts with multiprocessing's
+``spawn`` method is a fresh interpreter, which imports torch and its distributed
+packages (seconds of CPU) before it runs a line of the worker. multiprocessing's
+``forkserver`` imports them once, in a server process of its own, and forks every
+later rank from it: a rank starts in about a tenth of a second.
+
+A fork does not take what ``spawn`` hands a fresh interpreter at its start, so
+each forked rank sets it itself (:class:`WarmStart`): the caller's environment at
+the moment of the start, with the rank's variables, replaces its own, and its
+standard output and error go to the rank's log file. What only a fresh
+interpreter reads (the C library's ``MALLOC_*`` tunables, ``LD_*``, ``PYTHON*``,
+the thread libraries' ``OMP_*``/``MKL_*``/``KMP_*`` settings other than the
+thread count, which the rank sets itself, torch's ``TORCH_CPP_LOG_LEVEL``) cannot
+be set that way: when a start asks for values of those that the server was not
+started with, it uses ``spawn`` (the benchmarks, which set ``MALLOC_*``, do).
+``DDPGUIDE_START_METHOD=spawn`` makes every start a fresh interpreter.
+
+The server is started once per process, on first use, and dies with it: the
+server imports this module, which asks the kernel to kill the server when its
+parent goes (its forked ranks hold the server's "parent alive" pipe open, so
+the server would not notice by itself), and each rank asks the same of the server.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+#: set in the parent before the server starts: the pid the server must die with
+PARENT_ENV = "DDPGUIDE_WARM_PARENT"
+START_METHOD_ENV = "DDPGUIDE_START_METHOD"
+#: what the server imports once for every rank
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel",
+           "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.checkpoint",
+           "ddpguide.launch.child")
+#: variables read when an interpreter or a library starts, not later
+EXEC_TIME_PREFIXES = ("MALLOC_", "LD_", "PYTHON", "GLIBC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
+                      "TORCH_CPP_LOG_LEVEL")
+#: set by each rank from its own environment (torch.set_num_threads)
+SET_BY_THE_RANK = frozenset({"OMP_NUM_THREADS"})
+
+_server_environment: dict[str, str] | None = None
+
+
+def exec_time_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` that a process reads only when it starts."""
+    return {key: value for key, value in environ.items()
+            if key.startswith(EXEC_TIME_PREFIXES) and key not in SET_BY_THE_RANK}
+
+
+def start_method(environ: Mapping[str, str]) -> str:
+    """``"forkserver"`` or ``"spawn"`` for ranks whose environment will be ``environ``."""
+    if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn" or not sys.platform.startswith("linux"):
+        return "spawn"
+    wanted = exec_time_variables(environ)
+    if _server_environment is None:
+        return "forkserver"  # started with the caller's environment, see context()
+    return "forkserver" if wanted == _server_environment else "spawn"
+
+
+def context(environ: Mapping[str, str]) -> Any:
+    """The multiprocessing context for ranks whose environment will be ``environ``; the
+    server is started here, on first use, with this process's environment."""
+    import torch.multiprocessing as mp
+
+    method = start_method(environ)
+    if method == "spawn":
+        return mp.get_context("spawn")
+    global _server_environment
+    if _server_environment is None:
+        mine = exec_time_variables(os.environ)
+        if exec_time_variables(environ) != mine:
+            return mp.get_context("spawn")
+        from multiprocessing import forkserver
+
+        os.environ[PARENT_ENV] = str(os.getpid())  # for the server only, see the module's end
+        try:
+            multiprocessing.set_forkserver_preload([__name__, *PRELOAD])
+            forkserver.ensure_running()
+        finally:
+            del os.environ[PARENT_ENV]
+        _server_environment = mine
+    return mp.get_context("forkserver")
+
+
+def server_pid() -> int | None:
+    """The pid of this process's warm server, or None when none was started."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """What a forked rank sets first: the environment it would have been spawned with,
+    and its log file as standard output and error."""
+
+    environ: dict[str, str]
+    log: str
+
+    def apply(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.environ.clear()
+        os.environ.update(self.environ)
+        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+if os.environ.get(PARENT_ENV) == str(os.getppid()):
+    # this process is the server its parent started (nothing else inherits the variable)
+    from ddpguide.core.processes import die_with_parent
+
+    die_with_parent()
