@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from typing import Mapping
 
 import torch
 import torch.distributed as dist
@@ -127,7 +128,7 @@ def combine_groups(groups: list[Measured]) -> tuple[Measured, Measured]:
     return seconds, vs_gloo
 
 
-def build_report(results: dict[int, Measured | list[Measured]]) -> Report:
+def build_report(results: Mapping[int, Measured | list[Measured]]) -> Report:
     """The suite's report from ``{ranks: measure(...) result, or a list of them (one per group)}``."""
     report = Report("allreduce")
     groups = {world: r if isinstance(r, list) else [r] for world, r in results.items()}

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
+from typing import TypedDict
 
 from ddpguide.bench.ddp_steps import (
     BOTH_RANKS,
@@ -42,9 +43,18 @@ from ddpguide.launch.spawn import spawn
 
 BATCH = 256
 TOY_BATCH = 64
+
+
+class _Where(TypedDict):
+    """The keyword arguments of :func:`spawn` that choose the backend and the device."""
+
+    backend: str
+    device_type: str
+
+
 #: The suite measures CPU cores (threads, processes sharing them), also on a machine
 #: with GPUs, where the processes would otherwise get nccl and a GPU each.
-ON_CPU = {"backend": "gloo", "device_type": "cpu"}
+ON_CPU: _Where = {"backend": "gloo", "device_type": "cpu"}
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,6 @@ def run(quick: bool = False) -> Report:
                         "2 / (1/t_rank0 + 1/t_rank1), the pair's total rate):")
     report.notes += [f"  {name}: {text}" for name, text in DEFINITIONS.items()]
     report.notes.append("DDP's options, by the name their ratio carries: " + "; ".join(
-        f"{v}: {', '.join(f'{k}={o}' for k, o in ddp_options(v).items()) or 'defaults'}"
+        f"{v}: {', '.join(f'{k}={o}' for k, o in (ddp_options(v) or {}).items()) or 'defaults'}"
         for v in variants))
     return report

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import statistics
 import time
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -48,11 +48,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
-def ddp_options(variant: str) -> dict[str, bool] | None:
+def ddp_options(variant: str) -> dict[str, Any] | None:
     """Keyword arguments of ``DistributedDataParallel`` for ``variant``, in the installed
     torch's spelling; None when this torch lacks one of them."""
     known = inspect.signature(DDP.__init__).parameters
-    options = {}
+    options: dict[str, Any] = {}
     for name, value in VARIANTS[variant].items():
         if name == "forward_sync_buffers" and name not in known:
             name = "broadcast_buffers"  # torch before 2.13: the same switch
@@ -76,7 +76,10 @@ def make_step(kind: str, batch: int, variant: str | None,
     torch.manual_seed(0)
     model: nn.Module = ConvNet() if kind == "convnet" else ToyModel()
     if variant is not None:
-        model = DDP(model, process_group=group, **ddp_options(variant))
+        options = ddp_options(variant)
+        if options is None:
+            raise ValueError(f"the installed torch's DDP lacks an option of variant {variant!r}")
+        model = DDP(model, process_group=group, **options)
     inputs = torch.randn(batch, *SHAPES[kind])
     if kind == "convnet":
         targets = torch.randint(0, 10, (batch,))
@@ -142,7 +145,10 @@ def interleaved_worker(kind: str, batch: int, rounds: int, warmup: int,
 
     steps: dict[str, Callable[[], None]] = {"plain": make_step(kind, batch, None) if rank == 0 else sit_out}
     for name in variants:
-        steps[name] = make_step(kind, batch, name, group=alone) if rank == 0 else sit_out
+        if isinstance(alone, dist.ProcessGroup):  # rank 0, the group's one member
+            steps[name] = make_step(kind, batch, name, group=alone)
+        else:
+            steps[name] = sit_out
     steps["independent"] = make_step(kind, batch, None)
     steps["ddp2"] = make_step(kind, batch, "ddp")
     interleave(steps, warmup, before=dist.barrier)

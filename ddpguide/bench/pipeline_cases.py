@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -192,7 +192,7 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
     model = _prepare(build_resnet50(0, NUM_CLASSES), channels_last).to(device)
     x, y = make_batch(batch, image_size, channels_last, device)
     names = [name for name, _ in model_blocks(model)]
-    profile = [None, None]
+    profile: list[Any] = [None, None]  # rank 0's block times and balanced split, for every rank
     if dist.get_rank() == 0:
         blocks = time_blocks(model, x[:profile_size], repeats=max(2, repeats))
         profile = [blocks, balanced_split_point(blocks, names)]
@@ -206,7 +206,7 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
     same_as = [first_of.setdefault(c.name(balanced), i) for i, c in enumerate(cases)]
     runners = [_runner(c, model, dist.get_rank(), x, y, balanced, channels_last, device)
                if same_as[i] == i else None for i, c in enumerate(cases)]
-    times = [[[] for _ in range(rounds)] for _ in cases]
+    times: list[list[list[float]]] = [[[] for _ in range(rounds)] for _ in cases]
     for r in range(rounds):
         for c, step in enumerate(runners):
             if step is None:

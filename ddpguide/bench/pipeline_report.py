@@ -92,13 +92,13 @@ def plot_sweep(rows: list[dict], baselines: dict, title: str, path: str | None =
     for name, (label, color) in styles.items():
         if name in baselines:
             ax.axhline(baselines[name], ls="--", color=color, label=label)
-            if name in (baseline_ranges or {}):
+            if baseline_ranges and name in baseline_ranges:
                 ax.axhspan(*baseline_ranges[name], color=color, alpha=0.12, lw=0)
     if "single" in baselines:
         ax.axhline(baselines["single"] / 2, ls=":", color="k", label="2 cores, perfectly used")
     ax.set_xscale("log", base=2)
-    sizes = sorted({r["split_size"] for r in rows})
-    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ticks = sorted({r["split_size"] for r in rows})
+    ax.set_xticks(ticks, [str(s) for s in ticks])
     ax.set_xlabel("micro-batch size (split_size)")
     ax.set_ylabel("seconds per training step\n(median; bars: fastest to slowest)")
     ax.set_title(title, fontsize=10)

@@ -47,7 +47,7 @@ def time_blocks(model: nn.Module, x: torch.Tensor, repeats: int = 3) -> list[flo
             out = block(inp)
             synchronize(x.device)
             saved.append((inp, out, clock() - start))
-        grad = torch.ones_like(out)
+        grad: torch.Tensor | None = torch.ones_like(out)  # None at the end: block 0's input takes none
         for j in reversed(range(len(blocks))):
             inp, out, forward_s = saved[j]
             start = clock()

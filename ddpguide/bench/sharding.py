@@ -153,7 +153,9 @@ def case_worker(name: str, widths: tuple[int, ...], batch: int, warmup: int, ste
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
     elif method == "VmHWM":
-        peak = _status_kib("VmHWM") * 1024
+        kib = _status_kib("VmHWM")
+        assert kib is not None  # _reset_peak found it
+        peak = kib * 1024
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     _fast_allocator()

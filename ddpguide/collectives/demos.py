@@ -10,6 +10,7 @@ and a rank that skips a collective. Each is a spawned worker: call it through
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,7 @@ def primitives_demo() -> dict[str, tuple]:
     def empty(n: int) -> torch.Tensor:
         return torch.empty(n, device=device)
 
-    out = {}
+    out: dict[str, tuple] = {}
     x = vector.clone()  # even ranks send to the next odd rank
     if rank % 2 == 0 and rank + 1 < world:
         dist.send(x, rank + 1)
@@ -57,7 +58,7 @@ def primitives_demo() -> dict[str, tuple]:
 
     gathered = [empty(1) for _ in range(world)] if rank == 0 else None
     dist.gather(single, gathered, dst=0)
-    out["gather"] = (single, torch.cat(gathered) if rank == 0 else single)
+    out["gather"] = (single, torch.cat(gathered) if gathered is not None else single)
 
     x = vector.clone()
     dist.reduce(x, dst=0)
@@ -111,11 +112,11 @@ def compare_with_library(sizes: tuple[int, ...] = (1, 7, 1001),
     ``pipelined_ring/64B`` uses tiny segments so that several are in flight.
     """
     rank, device = dist.get_rank(), worker_device()
-    variants = {name: IMPLEMENTATIONS[name] for name in ALGORITHMS}
+    variants: dict[str, Callable[[torch.Tensor], object]] = {name: IMPLEMENTATIONS[name] for name in ALGORITHMS}
     variants["pipelined_ring/64B"] = lambda t: pipelined_ring_all_reduce(t, segment_bytes=64)
     variants["auto"] = lambda t: all_reduce(t, "auto")
     generator = torch.Generator().manual_seed(seed + rank)
-    out = {}
+    out: dict[tuple, tuple[torch.Tensor, ...]] = {}
     for dtype in dtypes:
         for size in sizes:
             inputs = {"random": torch.randn(size, generator=generator, dtype=dtype),

@@ -15,10 +15,11 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.typing import ColorType
 
 from ddpguide.collectives.algorithms import ring_steps
 
-ColorFn = Callable[[float], object]
+ColorFn = Callable[[float], ColorType]
 MIXED = "0.82"  # a value that combines several ranks
 
 
@@ -26,7 +27,7 @@ def origin_colors(world: int) -> ColorFn:
     """Colour ``10 r + i`` by its rank ``r``; anything else (a sum) in grey."""
     palette = plt.get_cmap("tab10")
 
-    def color(value: float) -> object:
+    def color(value: float) -> ColorType:
         rank, index = divmod(value, 10)
         if value == int(value) and 0 <= rank < world and index < world:
             return palette(int(rank))
@@ -39,7 +40,7 @@ def contributor_colors(world: int) -> ColorFn:
     """Colour a sum of ``10**r`` terms by how many ranks it already contains."""
     shades = plt.get_cmap("Blues")
 
-    def color(value: float) -> object:
+    def color(value: float) -> ColorType:
         count = str(int(value)).count("1")
         return shades(0.15 + 0.75 * count / world)
 
@@ -69,7 +70,7 @@ def draw_rank_rows(ax: Axes, tensors: Sequence[torch.Tensor], x0: float = 0.0,
                     fontsize=8, color=_text_color(face))
 
 
-def _text_color(face: object) -> str:
+def _text_color(face: ColorType) -> str:
     red, green, blue, _ = to_rgba(face)
     return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.5 else "black"
 

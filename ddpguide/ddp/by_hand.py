@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,12 @@ def toy_batches(steps: int, dtype: torch.dtype = torch.float32, seed: int = 0,
 def shard(batch: torch.Tensor, index: int, count: int) -> torch.Tensor:
     """Contiguous piece ``index`` of ``count`` (what a sampler gives each rank)."""
     return batch.tensor_split(count)[index]
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad``, where backward has filled it."""
+    assert p.grad is not None, "a parameter without a gradient"
+    return p.grad
 
 
 def average_gradients(model: nn.Module, algorithm: str = "ring", group=None) -> None:
@@ -86,7 +92,7 @@ class BucketedGradientSync:
         self.ready[i] += 1
         if self.ready[i] < len(self.buckets[i]):
             return
-        flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+        flat = torch.cat([_grad(q).reshape(-1) for q in self.buckets[i]])
         work = dist.all_reduce(flat, group=self.group, async_op=True)
         self.pending[i] = (work, flat)
         not_ready = sum(len(b) for b in self.buckets) - sum(self.ready)
@@ -104,7 +110,8 @@ class BucketedGradientSync:
             flat.div_(world)
             parts = flat.split([q.numel() for q in self.buckets[i]])
             for q, part in zip(self.buckets[i], parts):
-                q.grad.copy_(part.view_as(q.grad))
+                grad = _grad(q)
+                grad.copy_(part.view_as(grad))
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
 
@@ -147,7 +154,7 @@ def compare_with_ddp(steps: int = 3, dtype: torch.dtype = torch.float32, lr: flo
         sync.launches.clear()
         _train_step(models["bucketed"], optimizers["bucketed"], xs, ys, sync.finish)
         _train_step(models["single"], optimizers["single"], x, y)
-    result = {name: _parameters(m) for name, m in models.items()}
+    result: dict[str, Any] = {name: _parameters(m) for name, m in models.items()}
     result["bucket_launches"] = list(sync.launches)
     return result
 
@@ -176,6 +183,7 @@ def parameter_server(steps: int = 3, dtype: torch.dtype = torch.float32, lr: flo
             requests = [dist.irecv(buf, src=w) for w, buf in enumerate(inbox, 1)]
             total = torch.zeros_like(flat)
             for request, buf in zip(requests, inbox):  # add in worker order
+                assert request is not None  # None only for a rank outside the group
                 request.wait()
                 total.add_(buf)
             flat.add_(total / workers, alpha=-lr)
@@ -184,7 +192,7 @@ def parameter_server(steps: int = 3, dtype: torch.dtype = torch.float32, lr: flo
             model.zero_grad()
             xs, ys = shard(x, rank - 1, workers), shard(y, rank - 1, workers)
             nn.functional.mse_loss(model(xs), ys).backward()
-            dist.send(parameters_to_vector(p.grad for p in model.parameters()), dst=0)  # push
+            dist.send(parameters_to_vector(_grad(p) for p in model.parameters()), dst=0)  # push
     dist.broadcast(flat, src=0)
     optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     for x, y in batches:

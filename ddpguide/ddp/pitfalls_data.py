@@ -7,6 +7,7 @@ Each check builds the bug and its fix and returns a :class:`~ddpguide.ddp.pitfal
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,9 @@ def epoch_orders(dataset_size: int = 8, world_size: int = 2, epochs: int = 3,
     orders = []
     for epoch in range(epochs):
         if call_set_epoch:
-            loader.sampler.set_epoch(epoch)
+            sampler = loader.sampler
+            assert isinstance(sampler, DistributedSampler)  # train_loader's
+            sampler.set_epoch(epoch)
         orders.append([int(i) for (batch,) in loader for i in batch])
     return orders
 
@@ -69,7 +72,8 @@ def worker_draws(rank: int, world_size: int, per_rank_generator: bool, num_worke
     """
     torch.manual_seed(seed)
     dataset = RandomAugmentation(dataset_size)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=False)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
+                                                          shuffle=False)
     generator = rank_generator(rank) if per_rank_generator else None
     loader = DataLoader(dataset, batch_size=1, sampler=sampler, num_workers=num_workers,
                         generator=generator, multiprocessing_context="fork"
@@ -96,7 +100,7 @@ def shard_indices(dataset_size: int, world_size: int, drop_last: bool = False,
     if not padded:
         return [list(UnpaddedDistributedSampler(dataset_size, world_size, r))
                 for r in range(world_size)]
-    dataset = range(dataset_size)
+    dataset = TensorDataset(torch.arange(dataset_size))  # the sampler only reads its length
     return [list(DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=False,
                                     drop_last=drop_last)) for r in range(world_size)]
 

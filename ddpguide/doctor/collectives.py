@@ -9,6 +9,7 @@ may no longer be in step, and the next collective could only time out.
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from typing import Any, Callable
 
@@ -69,6 +70,7 @@ def _send_recv_ring(rank: int, world: int, device: torch.device):
     requests = [dist.isend(torch.tensor([float(rank)], device=device), dst=(rank + 1) % world),
                 dist.irecv(received, src=(rank - 1) % world)]
     for request in requests:
+        assert request is not None  # None only for a rank outside the group
         request.wait()
     return received, torch.tensor([float((rank - 1) % world)])
 
@@ -140,7 +142,7 @@ def _batch_isend_irecv(rank: int, world: int, device: torch.device):
 def _objects(rank: int, world: int, device: torch.device):
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, {"rank": rank})  # DCP's planner exchanges objects
-    box = [{"from": world - 1}] if rank == world - 1 else [None]
+    box: list[Any] = [{"from": world - 1}] if rank == world - 1 else [None]
     dist.broadcast_object_list(box, src=world - 1)
     at_last: list[Any] | None = [None] * world if rank == world - 1 else None
     dist.gather_object(rank * 10, at_last, dst=world - 1)
@@ -203,7 +205,9 @@ def _sub_groups(rank: int, world: int, device: torch.device, timeout_s: float):
     for layout in (rows, columns):
         members = next(ranks for ranks in layout if rank in ranks)
         tensor = torch.full((2,), float(rank + 1), device=device)
-        dist.all_reduce(tensor, group=groups[tuple(members)])
+        group = groups[tuple(members)]
+        assert isinstance(group, dist.ProcessGroup)  # this rank is one of the members
+        dist.all_reduce(tensor, group=group)
         results.append(tensor)
         expected.append(torch.full((2,), float(sum(m + 1 for m in members))))
     for group in groups.values():
@@ -230,7 +234,8 @@ def check_collectives(rank: int, world: int, device: torch.device, timeout_s: fl
     """Run :data:`CHECKS`, the 2-D sub-groups (an even world of 4 or more), then
     ``monitored_barrier``; one result dict per check run, up to the first failure."""
     results = []
-    checks = [(name, lambda check=check: check(rank, world, device)) for name, check in CHECKS.items()]
+    checks: list[tuple[str, Callable[[], tuple[Any, Any]]]] = [
+        (name, functools.partial(check, rank, world, device)) for name, check in CHECKS.items()]
     if world >= 4 and world % 2 == 0:
         checks.append((f"sub-groups 2x{world // 2}",
                        lambda: _sub_groups(rank, world, device, timeout_s)))

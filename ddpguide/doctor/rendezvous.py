@@ -120,7 +120,8 @@ class Board:
     def add_stray(self, rank: str, host: str, message: str) -> None:
         """A process that cannot take part (e.g. RANK >= WORLD_SIZE) leaves word for rank 0."""
         line = f"{rank}|{host}|{message}".replace("\n", " ") + "\n"
-        self._call("leaving word", self.store.append, self._key("strays"), line)
+        # Store.append exists (pybind11) but torch's stub for Store leaves it out.
+        self._call("leaving word", self.store.append, self._key("strays"), line)  # type: ignore[attr-defined]
 
     def strays(self) -> list[str]:
         """The lines :meth:`add_stray` left."""

@@ -58,11 +58,12 @@ def _collective_lines(collectives: dict[str, list[dict[str, Any]]]) -> list[str]
         outcomes = {rank: next((r for r in results if r["name"] == name), None)
                     for rank, results in collectives.items()}
         failed = {rank: r for rank, r in outcomes.items() if r is not None and not r["ok"]}
+        found = [r for r in outcomes.values() if r is not None]
         if failed:
             for rank, r in sorted(failed.items(), key=lambda item: int(item[0])):
                 lines.append(f"  {name:<24} FAILED on rank {rank}: {r['detail']}")
-        elif all(r is not None for r in outcomes.values()):
-            slowest = max(r["ms"] for r in outcomes.values())
+        elif len(found) == len(outcomes):
+            slowest = max(r["ms"] for r in found)
             lines.append(f"  {name:<24} ok    ({slowest:.1f} ms)")
         else:
             lines.append(f"  {name:<24} not run")

@@ -14,7 +14,7 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ddpguide.doctor.consistency import Problem
 
@@ -77,7 +77,7 @@ def remove_probe(directory: Path, token: str, rank: int) -> None:
         pass
 
 
-def storage_problems(per_rank: dict[int, dict[str, Any]], hosts: dict[int, str], world: int,
+def storage_problems(per_rank: Mapping[int, dict[str, Any] | None], hosts: dict[int, str], world: int,
                      checkpoint_bytes: int | None) -> list[Problem]:
     """Not writable, not the same directory on every rank, too little free space."""
     problems = []

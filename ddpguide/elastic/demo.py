@@ -55,7 +55,7 @@ def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = 
     """Run the scenario; return (and optionally write) the report of :func:`build_report`."""
     settings = settings or DemoSettings()
     own_dir = workdir is None
-    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-")) if own_dir else Path(workdir)
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-")) if workdir is None else Path(workdir)
     log = RunLog(echo=echo)
     cluster = LocalCluster(workdir, epochs=settings.epochs, step_delay=settings.step_delay,
                            nnodes=settings.nnodes, torchrun_defaults=settings.torchrun_defaults,
@@ -162,6 +162,7 @@ def run_cli(args: list[str], timeout_s: float = 150.0,
 
     timer = threading.Timer(timeout_s, stop)
     timer.start()
+    assert child.stdout is not None  # stdout=PIPE
     try:
         for line in child.stdout:
             echo(line.rstrip("\n"))

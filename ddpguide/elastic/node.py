@@ -74,7 +74,7 @@ def run_node(options: NodeOptions) -> int:
         # exec'ing a fresh interpreter that must import torch again.
         command, command_args = elastic_entry, worker.argv()
     if options.start_when:
-        _wait_for_go(options)
+        _wait_for_go(options, options.start_when)
     try:
         elastic_launch(config, command)(*command_args)
     except ChildFailedError as exc:
@@ -133,8 +133,8 @@ def _failure_text(exc) -> str:
     return one_line(message, 300) or f"exit code {failure.exitcode}"
 
 
-def _wait_for_go(options: NodeOptions) -> None:
-    """Hold a fully imported agent until ``--start-when`` exists (a demo's join on cue)."""
+def _wait_for_go(options: NodeOptions, start_when: str) -> None:
+    """Hold a fully imported agent until the file ``start_when`` exists (``--start-when``: a demo's join on cue)."""
     import time
 
     from ddpguide.elastic.events import EventWriter
@@ -142,7 +142,7 @@ def _wait_for_go(options: NodeOptions) -> None:
     if options.worker.events:
         EventWriter(options.worker.events, node=options.node_name,
                     rank=None).write("agent_waiting")
-    while not Path(options.start_when).exists():
+    while not Path(start_when).exists():
         time.sleep(0.02)
 
 

@@ -25,16 +25,16 @@ def plot_timeline(report: dict[str, Any], ax=None):
     end = report["duration_s"]
 
     # World size: 0 until a group takes its first step, and while recovering.
-    times, sizes, size = [0.0], [0], 0
+    steps: list[tuple[float, int]] = [(0.0, 0)]
     for e in events:
         if e["event"] in CAUSE_COLORS:
-            times.append(e["time_s"]), sizes.append(0)
+            steps.append((e["time_s"], 0))
         elif e["event"] == "first_step":
-            size = e["world_size"]
-            times.append(e["time_s"]), sizes.append(size)
+            steps.append((e["time_s"], e["world_size"]))
         elif e["event"] == "finished":
-            times.append(e["time_s"]), sizes.append(0)
-    times.append(end), sizes.append(0)
+            steps.append((e["time_s"], 0))
+    steps.append((end, 0))
+    times, sizes = zip(*steps)
     top.step(times, sizes, where="post", color="tab:blue", lw=2)
     top.set_ylabel("world size\n(training)")
     top.set_yticks([0, 2, 4])

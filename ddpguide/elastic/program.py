@@ -13,7 +13,7 @@ import json
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddpguide.core.processes import store_port
@@ -64,13 +64,13 @@ def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int =
     shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
     settings = agent_settings(store_port(), nproc_per_node)
     args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
-    common = dict(torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
+    first = Agent("A", torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
                   module_args=args, env=settings.environment(), cwd=str(workdir))
 
     def a_has_trained() -> bool:
         return any(r["epoch"] >= join_after_epoch for r in read_log(workdir / LOG))
 
-    agents = [Agent("A", **common), Agent("B", start_when=a_has_trained, **common)]
+    agents = [first, replace(first, name="B", start_when=a_has_trained)]
     return JoinRun(run_agents(agents, timeout=timeout), workdir, epochs, nproc_per_node)
 
 

@@ -98,7 +98,7 @@ def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
     """The JSON report: events, completed epochs in order, recoveries, world sizes."""
     strategy = getattr(settings, "strategy", "ddp")
     history = _history(cluster.checkpoint, strategy)
-    epoch_times = {}
+    epoch_times: dict[int, float] = {}
     for entry in log.entries:
         if entry["event"] == "epoch":
             epoch_times.setdefault(entry["epoch"], entry["time_s"])

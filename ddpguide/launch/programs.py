@@ -172,6 +172,7 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
         start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     output: list[str] = []
     killer = _Deadline(process, timeout)
+    assert process.stdout is not None  # stdout=PIPE
     try:
         for line in process.stdout:
             output.append(line)

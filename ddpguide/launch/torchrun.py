@@ -212,7 +212,7 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
         first_failure: float | None = None
         while True:
             for agent in agents:  # late agents start once their condition holds
-                if agent.name not in by_agent and agent.start_when():
+                if agent.name not in by_agent and agent.start_when is not None and agent.start_when():
                     by_agent[agent.name] = launch(agent)
             if not any(p.poll() is None for p in processes):
                 break  # all started agents ended (a late one that never started stays None)

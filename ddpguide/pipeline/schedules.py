@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from ddpguide.core.runtime import worker_device
 from ddpguide.pipeline.p2p import recv_activation, recv_tensor, send_activation, send_tensor
@@ -41,7 +42,7 @@ HAND_WRITTEN = "hand-gpipe"
 class LibrarySchedule:
     """A library schedule with what a step needs to know about this rank's stage."""
 
-    schedule: object
+    schedule: PipelineScheduleSingle
     is_first: bool
     is_last: bool
     split_size: int
@@ -76,6 +77,13 @@ def check_equal_microbatches(batch_size: int, split_size: int) -> None:
         )
 
 
+def _split(t: torch.Tensor | None, split_size: int, what: str) -> tuple[torch.Tensor, ...]:
+    """``t`` cut into micro-batches, on the stage that must be given it."""
+    if t is None:
+        raise ValueError(f"this stage needs the {what}, got None")
+    return t.split(split_size)
+
+
 def library_step(pipe: LibrarySchedule, x: torch.Tensor | None,
                  target: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One training step through a library schedule.
@@ -83,8 +91,8 @@ def library_step(pipe: LibrarySchedule, x: torch.Tensor | None,
     The first stage passes the input, the last stage the target (others pass
     ``None``). Returns (output, loss) on the last stage, (None, None) elsewhere.
     """
-    x_mbs = [(xs,) for xs in x.split(pipe.split_size)] if pipe.is_first else None
-    t_mbs = list(target.split(pipe.split_size)) if pipe.is_last else None
+    x_mbs = [(xs,) for xs in _split(x, pipe.split_size, "input")] if pipe.is_first else None
+    t_mbs = list(_split(target, pipe.split_size, "target")) if pipe.is_last else None
     losses: list[torch.Tensor] = []
     output = pipe.schedule.step(arg_mbs=x_mbs, target_mbs=t_mbs, losses=losses)
     if not pipe.is_last:
@@ -105,10 +113,13 @@ def gpipe_step(stage_module: nn.Module, x: torch.Tensor | None, target: torch.Te
     rank, world = dist.get_rank(), dist.get_world_size()
     first, last = rank == 0, rank == world - 1
     n = num_microbatches(batch_size, split_size)
-    x_mbs = x.split(split_size) if first else [None] * n
-    t_mbs = target.split(split_size) if last else [None] * n
+    x_mbs = _split(x, split_size, "input") if first else ()  # read on the first rank only
+    t_mbs = _split(target, split_size, "target") if last else ()  # and on the last
 
-    inputs, outputs, pending, results = [], [], [], []
+    inputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor] = []
+    pending: list[dist.Work] = []
+    results: list[torch.Tensor] = []
     # Fill: forward every micro-batch, keeping its input and output for backward
     # (GPipe holds m micro-batches of activations per stage).
     for i in range(n):
@@ -134,7 +145,9 @@ def gpipe_step(stage_module: nn.Module, x: torch.Tensor | None, target: torch.Te
         else:
             outputs[i].backward(recv_tensor(torch.empty_like(outputs[i]), rank + 1))
         if not first:
-            pending += send_tensor(inputs[i].grad.contiguous(), rank - 1)
+            grad = inputs[i].grad
+            assert grad is not None  # a received input is a leaf that requires grad
+            pending += send_tensor(grad.contiguous(), rank - 1)
     for work in pending:
         work.wait()
     if not last:

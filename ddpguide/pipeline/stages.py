@@ -43,7 +43,8 @@ def model_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     (18 blocks for ResNet50); an ``nn.Sequential`` is its children.
     """
     if isinstance(model, ResNet):
-        blocks = [("stem", nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool))]
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+        blocks: list[tuple[str, nn.Module]] = [("stem", stem)]
         for layer in ("layer1", "layer2", "layer3", "layer4"):
             blocks += [(f"{layer}.{i}", b) for i, b in enumerate(getattr(model, layer))]
         blocks.append(("head", nn.Sequential(model.avgpool, nn.Flatten(1), model.fc)))

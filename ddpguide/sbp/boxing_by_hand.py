@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from ddpguide.sbp.boxing_rules import plan, rule
@@ -181,6 +181,12 @@ def shard_to_partial(local: torch.Tensor, dim: int, logical: Sequence[int], axis
     return out
 
 
+def _dim(placement: Placement) -> int:
+    """The tensor dimension of a placement that the rule says is a shard."""
+    assert isinstance(placement, Shard), placement
+    return placement.dim
+
+
 def box_one_dim(local: torch.Tensor, src: Placement, dst: Placement,
                 logical: Sequence[int], axis: _Axis, zero_fill: bool = False) -> torch.Tensor:
     """Apply the rule for one mesh dimension; ``logical`` is the shape this dimension sees."""
@@ -188,19 +194,19 @@ def box_one_dim(local: torch.Tensor, src: Placement, dst: Placement,
     if how == "nothing" or axis.size == 1:
         return local
     if how == "all_gather":
-        return gather_shards(local, src.dim, logical[src.dim], axis)
+        return gather_shards(local, _dim(src), logical[_dim(src)], axis)
     if how == "all_reduce":
         return reduce_partials(local, axis)
     if how == "reduce_scatter":
-        return reduce_scatter_partials(local, dst.dim, axis)
+        return reduce_scatter_partials(local, _dim(dst), axis)
     if how == "all_to_all":
-        return exchange_shards(local, src.dim, dst.dim, logical, axis)
+        return exchange_shards(local, _dim(src), _dim(dst), logical, axis)
     if how == "local slice":
-        return take_chunk(local, dst.dim, axis)
+        return take_chunk(local, _dim(dst), axis)
     if how == "local scale":
         return split_into_partials(local, axis, zero_fill)
     if how == "local zero-fill":
-        return shard_to_partial(local, src.dim, logical, axis)
+        return shard_to_partial(local, _dim(src), logical, axis)
     raise AssertionError(how)
 
 

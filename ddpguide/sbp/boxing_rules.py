@@ -105,7 +105,7 @@ def rule(src: Placement, dst: Placement) -> Rule:
             f"reduce first ({sbp_name(src)} -> B), then B -> {sbp_name(dst)}"
         )
     a, b = _kind(src), _kind(dst)
-    if a == b == "S" and src.dim != dst.dim:
+    if isinstance(src, Shard) and isinstance(dst, Shard) and src.dim != dst.dim:
         b = "S'"
     return RULES[(a, b)]
 

@@ -58,6 +58,7 @@ def linear_regression(iters: int = 500, lr: float = 0.01) -> dict:
     y_mine = torch.tensor(source.SEED_Y).chunk(dist.get_world_size())[dist.get_rank()]
     w0 = torch.zeros(2, 1, requires_grad=True)
     ((mine @ w0 - y_mine) ** 2).sum().backward()
+    assert w0.grad is not None  # a leaf that requires grad, after its backward
     w = reg["w"]
     return {"w": to_cpu(w.full_tensor()), "w_local": to_cpu(w.to_local()), "w_sbp": sbp_names(w.placements),
             "w_ref": to_cpu(reg["w_ref"]), "losses": reg["losses"],

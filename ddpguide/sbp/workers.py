@@ -99,7 +99,9 @@ def regions_2d(shape: Sequence[int] = (5, 3)) -> dict:
     pieces = {}
     for sbp in itertools.product(KINDS_1D, repeat=2):
         pieces[sbp_names(sbp)] = to_cpu(to_global(logical, grid, sbp).to_local())
-    return {"logical": logical, "coord": tuple(grid.get_coordinate()), "pieces": pieces}
+    coord = grid.get_coordinate()
+    assert coord is not None  # None only for a rank outside the mesh
+    return {"logical": logical, "coord": tuple(coord), "pieces": pieces}
 
 
 # ---------------------------------------------------------------- boxing against DTensor
@@ -214,7 +216,7 @@ def seed_2d(seed: int = 0) -> dict:
     a_local = to_global(a, grid, (B, S(0))).to_local()
     torch.manual_seed(seed)
     x = torch.randn(2, 2, 8)
-    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    model: nn.Module = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
     expected = model(x)
     model = broadcast_module(model.to(mesh_device(grid)), grid)
     global_x = to_global(x, grid, (B, S(0)))
@@ -240,6 +242,7 @@ def signature_2d(seed: int = 0) -> list[dict]:
         gx, gw = to_global(x, mesh, x_sbp), to_global(w, mesh, w_sbp)
         with CommDebugMode() as mode:
             y = gx @ gw
+        assert isinstance(y, DTensor)  # DTensor @ DTensor
         results.append({"x": sbp_names(x_sbp), "w": sbp_names(w_sbp), "y": sbp_names(y.placements),
                         "comms": comm_counts(mode), "y_full": to_cpu(y.full_tensor()), "expected": x @ w})
     return results

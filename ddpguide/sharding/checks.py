@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -190,8 +190,8 @@ def refusals() -> dict[str, tuple[str, str]]:
     }
 
 
-PARTS = {"equivalence": equivalence, "collectives": collectives, "memory": measure,
-         "refusals": refusals}
+PARTS: dict[str, Callable[[], object]] = {"equivalence": equivalence, "collectives": collectives,
+                                          "memory": measure, "refusals": refusals}
 
 
 def check_parts(parts: Sequence[str]) -> list[str]:

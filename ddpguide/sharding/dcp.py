@@ -225,16 +225,16 @@ def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     ``directory`` cannot take a checkpoint.
     """
     directory = Path(directory).absolute()
-    problem, temporary = None, None
+    problem, made = None, None
     if _rank() == 0:
         problem = target_problem(directory)
         if problem is None:
             _remove_stale_temporaries(directory)
-            temporary = tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent)
-    problem, temporary = _from_rank0((problem, temporary))
+            made = tempfile.mkdtemp(prefix=_temporary_prefix(directory), dir=directory.parent)
+    problem, made = _from_rank0((problem, made))
     if problem:
         raise ValueError(problem)
-    temporary = Path(temporary)
+    temporary = Path(made)
     try:
         with _single_process_is_intended():
             dcp.save(_state_dicts(model, optimizer), checkpoint_id=temporary,

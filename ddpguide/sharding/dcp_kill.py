@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -61,7 +62,7 @@ def _install_pause(point: str, workdir: Path) -> None:
             _pause(workdir)
             return finish(self, *args, **kwargs)
 
-        dcp.FileSystemWriter.finish = paused_finish
+        mock.patch.object(dcp.FileSystemWriter, "finish", paused_finish).start()  # for the rest of the process
         return
     rename = os.rename
 

@@ -43,8 +43,22 @@ def model_of_program(extra_hidden: int = 0) -> nn.Module:
     ``extra_hidden`` widens its hidden layers: another model, whose checkpoint must not load.
     """
     source = programs.load(PROGRAM)
-    source.HIDDEN += extra_hidden  # this fresh module's own constant: the file is untouched
+    vars(source)["HIDDEN"] += extra_hidden  # this fresh module's own constant: the file is untouched
     return source.Model()
+
+
+def _layers(model: nn.Module) -> nn.ModuleList:
+    """The program's ``Model.layers``."""
+    layers = model.get_submodule("layers")
+    assert isinstance(layers, nn.ModuleList)
+    return layers
+
+
+def _first_up(model: nn.Module) -> nn.Linear:
+    """The program's ``layers[0].up`` (a Linear, also once sharded)."""
+    up = model.get_submodule("layers.0.up")
+    assert isinstance(up, nn.Linear)
+    return up
 
 
 def sharded_model(seed: int, layout: str = "fsdp",
@@ -70,7 +84,7 @@ def sharded_model(seed: int, layout: str = "fsdp",
         device = mesh_device(mesh)
     torch.manual_seed(seed)
     model = model_of_program(extra_hidden).to(device)
-    for layer in model.layers:
+    for layer in _layers(model):
         if tp_mesh is not None:
             parallelize(layer, tp_mesh, programs.load(TP_PROGRAM).cases()["mlp"][2])
         if dp_mesh is not None:
@@ -101,7 +115,7 @@ def full_tensors(model: nn.Module, optimizer) -> dict[str, torch.Tensor]:
 
 def _pieces(model: nn.Module) -> dict[str, Any]:
     """What this rank holds of the first weight."""
-    weight = model.layers[0].up.weight
+    weight = _first_up(model).weight
     if not isinstance(weight, DTensor):
         return {"placements": "plain tensor", "local shape": tuple(weight.shape)}
     return {"placements": str(tuple(weight.placements)),
@@ -115,7 +129,7 @@ def train_and_save(directory: str, layout: str = "fsdp", steps: int = 2, seed: i
     device = next(model.parameters()).device
     # Shares by data-parallel index: the ranks of a tensor-parallel group must read the
     # same batch (ColwiseParallel takes each rank's input to be the same replicated tensor).
-    dim = model.layers[0].up.in_features
+    dim = _first_up(model).in_features
     x, y = (torch.randn(BATCH, dim, generator=gen).to(device).chunk(shares)[share] for _ in range(2))
     for _ in range(steps):
         optimizer.zero_grad()

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from ddpguide.core.mesh import device_mesh, mesh_device
 from ddpguide.launch import programs
@@ -68,6 +69,7 @@ def _compare(source, model: nn.Module, losses: list[float], x: torch.Tensor,
     differences = [abs(a - b) for a, b in zip(losses, plain_losses)]
     rows, held = [], None
     for name, p in model.named_parameters():
+        assert isinstance(p, DTensor), name  # the layout made every parameter a DTensor
         full, local = p.full_tensor(), p.to_local()
         differences.append((full - plain_params[name]).abs().max().item())
         rows.append({"parameter": name, "placements": str(tuple(p.placements)),
@@ -93,7 +95,9 @@ def _train_and_compare(program: str, mesh: DeviceMesh, layout: str, share: int, 
     torch.manual_seed(seed)
     model = getattr(source, layout)(source.Model().to(device, torch.float64), mesh)
     losses = source.train(model, x.chunk(shares)[share], y.chunk(shares)[share], group, shares)
-    return {"mesh": mesh.mesh.tolist(), "coordinate": tuple(mesh.get_coordinate()),
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None  # None only for a rank outside the mesh
+    return {"mesh": mesh.mesh.tolist(), "coordinate": tuple(coordinate),
             "steps": source.STEPS, **_compare(source, model, losses, x, y, seed)}
 
 

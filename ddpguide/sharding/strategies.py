@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,7 +72,9 @@ class Trainer:
             return {k: v.cpu() for k, v in self.sharded.full_state().items()}
         out = {}
         for name, p in zip(self.names, self.model.parameters()):
-            value = p.detach().full_tensor() if isinstance(p, DTensor) else p.detach()
+            value = p.detach()
+            if isinstance(value, DTensor):
+                value = value.full_tensor()
             out[name] = value.cpu().clone()
         return out
 
@@ -106,15 +108,13 @@ def layers_with_parameters(model: nn.Module) -> list[nn.Module]:
             if m is not model and any(True for _ in m.parameters(recurse=False))]
 
 
-def apply_fsdp2(model: nn.Module, reshard_after_forward: bool = True, mp_policy=None) -> nn.Module:
+def apply_fsdp2(model: nn.Module, reshard_after_forward: bool = True,
+                mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """``fully_shard`` on every layer, then on the root (FSDP2's usual pattern)."""
     mesh = device_mesh((dist.get_world_size(),))
-    kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if mp_policy is not None:
-        kwargs["mp_policy"] = mp_policy
-    for layer in layers_with_parameters(model):
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    policy = MixedPrecisionPolicy() if mp_policy is None else mp_policy  # None: fully_shard's default
+    for module in [*layers_with_parameters(model), model]:
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model
 
 

@@ -125,6 +125,7 @@ def compare_with_one_process(case: str = "mlp", seed: int = 0, program: str = PR
     with CommDebugMode() as backward:
         out.pow(2).sum().backward()
 
+    assert x_mine.grad is not None and x_plain.grad is not None  # both had a backward
     differences = [(out - mine(expected)).abs().max().item(),
                    (x_mine.grad - mine(x_plain.grad)).abs().max().item()]
     plain_params = dict(plain.named_parameters())

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._pytree import tree_leaves
+from torch.utils.hooks import RemovableHandle
 
 # torch 2.14 gave the single-tensor collectives new names; older releases have the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -49,6 +50,7 @@ class ShardedParameter:
                  group: dist.ProcessGroup | None = None, device: torch.device | str | None = None,
                  keep_full: bool = False):
         param = module._parameters[attr]
+        assert param is not None, f"{name} is not a parameter"  # attr comes from named_parameters
         self.name = name
         self.group = group
         self.world = dist.get_world_size(group)
@@ -102,6 +104,7 @@ class ShardedParameter:
     def reduce_gradient(self) -> None:
         """``P -> S(0)``: average the full gradients of all ranks into this shard's gradient."""
         grad = self.param.grad
+        assert grad is not None, f"{self.name} has no gradient to reduce"  # called once it is accumulated
         if self.numel == self.full.numel():
             flat = grad.reshape(-1)  # nothing to pad: no copy
         else:
@@ -135,7 +138,7 @@ class ShardedModel:
         self.model = model
         self.free_after_use = free_after_use
         self.shards: list[ShardedParameter] = []
-        self._handles = []
+        self._handles: list[RemovableHandle] = []
         for module_name, module in _units(model):
             # A module that owns parameters and has descendants that own some is one unit
             # with all of them: its forward may read a child's parameter without calling the

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 from ddpguide.core.data import DataSplits, eval_loader, load_dataset, train_loader
 from ddpguide.core.models import build_model
@@ -194,7 +195,9 @@ def fit(config: TrainConfig, env: DistEnv | None = None, runtime: Runtime | None
     model.train()
     for epoch in range(resumed.start_epoch, config.epochs):
         epoch_start = time.perf_counter()
-        loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        sampler = loader.sampler
+        assert isinstance(sampler, DistributedSampler)  # train_loader's
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         batches = progress(loader, config.progress, desc=f"epoch {epoch}")
         loss_sum = run_steps(batches, step, config, device, emit, epoch, env.world_size, stepped)
         stepped = stepped or bool(loss_sum[1] > 0)

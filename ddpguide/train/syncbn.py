@@ -145,9 +145,11 @@ class CpuSyncBatchNorm(_BatchNorm):
         # Momentum and counters exactly as in _BatchNorm.forward.
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
-            self.num_batches_tracked.add_(1)
+            tracked = self.num_batches_tracked
+            assert tracked is not None  # registered when track_running_stats is set
+            tracked.add_(1)
             if self.momentum is None:
-                factor = 1.0 / float(self.num_batches_tracked)
+                factor = 1.0 / float(tracked)
         batch_stats = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
         running_mean = self.running_mean if track else None
@@ -253,6 +255,7 @@ def compare_with_batchnorm(batch_sizes: Sequence[int], feature_shape: Sequence[i
             raise TypeError(f"output dtype {y_mine.dtype} differs from input dtype {dtype}")
         (y_mine.float() * upstream[mine]).sum().backward()
         note("output", y_mine.float(), y_full[mine])
+        assert x_mine.grad is not None and x_full.grad is not None  # both had a backward
         note("input_grad", x_mine.grad.float(), x_full.grad[mine])
         if affine:
             for name in ("weight", "bias"):
@@ -261,10 +264,10 @@ def compare_with_batchnorm(batch_sizes: Sequence[int], feature_shape: Sequence[i
                 note(f"{name}_grad", grad, getattr(reference, name).grad)
                 getattr(synced, name).grad = getattr(reference, name).grad = None
         if track_running_stats:
-            note("running_mean", synced.running_mean, reference.running_mean)
-            note("running_var", synced.running_var, reference.running_var)
-            note("batches_tracked", synced.num_batches_tracked.float(),
-                 reference.num_batches_tracked.float())
+            for name in ("running_mean", "running_var"):
+                note(name, synced.get_buffer(name), reference.get_buffer(name))
+            note("batches_tracked", synced.get_buffer("num_batches_tracked").float(),
+                 reference.get_buffer("num_batches_tracked").float())
     synced.eval()
     reference.eval()
     probe = torch.randn(3, *feature_shape, generator=gen)
