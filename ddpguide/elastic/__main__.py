@@ -96,6 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _demo(plan: DemoPlan) -> int:
     from ddpguide.elastic.demo import DemoError, run_demo
+    from ddpguide.elastic.progress import EpochBar
     from ddpguide.elastic.report import summary
 
     sharded = (" with FSDP2 workers and a sharded (DCP) checkpoint"
@@ -103,8 +104,9 @@ def _demo(plan: DemoPlan) -> int:
     print(f"elastic demo: torchrun agents on 127.0.0.1{sharded} (Ctrl-C stops everything)",
           flush=True)
     try:
-        report = run_demo(plan.workdir, plan.settings, plan.report,
-                          echo=lambda line: print(line, flush=True))
+        with EpochBar(plan.settings.epochs) as bar:  # on stderr, when it is a terminal
+            report = run_demo(plan.workdir, plan.settings, plan.report, echo=bar.echo,
+                              on_event=bar.event)
     except DemoError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

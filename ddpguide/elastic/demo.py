@@ -51,12 +51,16 @@ class DemoSettings:
 
 def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = None,
              report_path: str | Path | None = None,
-             echo: Callable[[str], None] | None = print) -> dict:
-    """Run the scenario; return (and optionally write) the report of :func:`build_report`."""
+             echo: Callable[[str], None] | None = print,
+             on_event: Callable[[dict], None] | None = None) -> dict:
+    """Run the scenario; return (and optionally write) the report of :func:`build_report`.
+
+    ``echo`` gets each timeline line as it happens, ``on_event`` each worker event.
+    """
     settings = settings or DemoSettings()
     own_dir = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-")) if workdir is None else Path(workdir)
-    log = RunLog(echo=echo)
+    log = RunLog(echo=echo, on_event=on_event)
     cluster = LocalCluster(workdir, epochs=settings.epochs, step_delay=settings.step_delay,
                            nnodes=settings.nnodes, torchrun_defaults=settings.torchrun_defaults,
                            strategy=settings.strategy)

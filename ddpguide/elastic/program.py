@@ -5,6 +5,9 @@ soon as A's workers have logged an epoch, both with the reader's command;
 :func:`check_join` proves from what the program wrote (its ``--epoch-log``
 JSON lines and its checkpoint) that every epoch ran exactly once while the
 world size went from A's workers alone to A's and B's together.
+:func:`run_scale_up_hang` runs the same two agents without
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, with a short ``read_timeout``: agent B
+then fails within seconds on the key that nobody writes.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
-from ddpguide.launch.torchrun import Agent, AgentRun, run_agents
+from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, run_agents
 
 PROGRAM = "elastic_train.py"
 LOG = "epochs.jsonl"
@@ -34,6 +37,12 @@ class JoinRun:
     epochs: int
     nproc_per_node: int = 1
 
+    @property
+    def rdzv_id(self) -> str:
+        """The rendezvous id both agents were given (``--rdzv-id``)."""
+        option = next(a for a in self.agents[0].agent.torchrun_args if a.startswith("--rdzv-id="))
+        return option.partition("=")[2]
+
     def records(self) -> list[dict]:
         """The program's epoch log: one dict per finished epoch, in the order written."""
         return read_log(self.workdir / LOG)
@@ -46,23 +55,36 @@ def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def agent_settings(port: int, nproc_per_node: int = 1) -> AgentSettings:
-    """The tuned agent of the chapter: ``--nnodes=1:2`` on 127.0.0.1, monitor every 0.5 s."""
-    return AgentSettings(nnodes="1:2", nproc_per_node=nproc_per_node,
-                         rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=f"job-{uuid.uuid4().hex[:8]}",
-                         max_restarts=3, monitor_interval=0.5).validate()
+def agent_settings(port: int, nproc_per_node: int = 1, share_store: bool = False,
+                   read_timeout: int | None = None) -> AgentSettings:
+    """The tuned agent of the chapter: ``--nnodes=1:2`` on 127.0.0.1, monitor every 0.5 s.
+
+    ``share_store`` leaves torchrun's store sharing on (no workaround variable);
+    ``read_timeout`` bounds every wait on the rendezvous store (torchrun's default: 60 s).
+    """
+    settings = AgentSettings(nnodes="1:2", nproc_per_node=nproc_per_node,
+                             rdzv_endpoint=f"127.0.0.1:{port}",
+                             rdzv_id=f"job-{uuid.uuid4().hex[:8]}", max_restarts=3,
+                             monitor_interval=0.5, share_store=share_store)
+    if read_timeout is not None:
+        settings.rdzv_conf["read_timeout"] = str(read_timeout)
+    return settings.validate()
 
 
 def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int = 1,
-             join_after_epoch: int = 1, timeout: float = 150.0) -> JoinRun:
+             join_after_epoch: int = 1, timeout: float = 150.0, share_store: bool = False,
+             read_timeout: int | None = None,
+             failure_grace_s: float = FAILURE_GRACE_S) -> JoinRun:
     """Run the program under agent A; start agent B once epoch ``join_after_epoch`` is logged.
 
     Both agents run the same command in the same folder (a copy of the program);
-    every process is gone when this returns, even on a timeout.
+    every process is gone when this returns, even on a timeout. ``share_store``
+    and ``read_timeout`` go to :func:`agent_settings`; ``failure_grace_s`` is how
+    long one agent may run on after the other has failed.
     """
     workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-program-"))
     shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
-    settings = agent_settings(store_port(), nproc_per_node)
+    settings = agent_settings(store_port(), nproc_per_node, share_store, read_timeout)
     args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
     first = Agent("A", torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
                   module_args=args, env=settings.environment(), cwd=str(workdir))
@@ -71,7 +93,31 @@ def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int =
         return any(r["epoch"] >= join_after_epoch for r in read_log(workdir / LOG))
 
     agents = [first, replace(first, name="B", start_when=a_has_trained)]
-    return JoinRun(run_agents(agents, timeout=timeout), workdir, epochs, nproc_per_node)
+    runs = run_agents(agents, timeout=timeout, failure_grace_s=failure_grace_s)
+    return JoinRun(runs, workdir, epochs, nproc_per_node)
+
+
+def run_scale_up_hang(read_timeout: int = 5, epoch_seconds: float = 0.4,
+                      timeout: float = 90.0) -> JoinRun:
+    """:func:`run_join` with torchrun's store sharing on: the late agent B never joins.
+
+    B waits for ``MASTER_ADDR`` under the keys of the round it joined, which
+    nobody writes, and fails after ``read_timeout`` seconds with a
+    ``DistStoreError`` (torchrun's default read timeout is 60 s).
+    """
+    return run_join(epochs=24, epoch_seconds=epoch_seconds, join_after_epoch=0,
+                    timeout=timeout, share_store=True, read_timeout=read_timeout,
+                    failure_grace_s=2.0)
+
+
+def store_errors(run: JoinRun) -> dict[str, str]:
+    """Each agent's last ``DistStoreError`` line, by agent name (agents without one left out)."""
+    errors = {}
+    for agent_run in run.agents:
+        lines = [line for line in agent_run.lines() if "DistStoreError:" in line]
+        if lines:
+            errors[agent_run.agent.name] = lines[-1].strip()
+    return errors
 
 
 def check_join(run: JoinRun) -> dict:

@@ -19,6 +19,8 @@ class RunLog:
     """What happened and when, relative to the first action; prints as it goes."""
 
     echo: Callable[[str], None] | None = print
+    #: Called with every line of the event file as it arrives (a progress bar).
+    on_event: Callable[[dict[str, Any]], None] | None = None
     t0: float | None = None
     entries: list[dict[str, Any]] = field(default_factory=list)
     worker_events: list[dict[str, Any]] = field(default_factory=list)
@@ -44,6 +46,8 @@ class RunLog:
     def worker_event(self, e: dict[str, Any]) -> None:
         """One line of the event file."""
         self.worker_events.append(e)
+        if self.on_event:
+            self.on_event(e)
         if e["event"] == "agent_waiting":
             self._add(e["t"], "agent_waiting", f"node {e['node']}'s agent is up, waiting for its cue",
                       node=e["node"])

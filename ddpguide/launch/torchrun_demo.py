@@ -155,9 +155,13 @@ class ErrorSummary:
     function: str
     timestamp: int
 
+    @property
+    def cause(self) -> str:
+        """The exception's first sentence, whole: gloo names the cause at its end."""
+        return self.exception.split(". ")[0]
+
     def __str__(self) -> str:
-        text = self.exception if len(self.exception) <= 100 else self.exception[:97] + "..."
-        return f"{text}  ({Path(self.file).name}:{self.line}, in {self.function})"
+        return f"{self.cause}  ({Path(self.file).name}:{self.line}, in {self.function})"
 
 
 def summarize_error(error: Mapping[str, Any]) -> ErrorSummary:
@@ -199,15 +203,20 @@ CRASH_PROGRAM = "ddp_torchrun.py"  # the chapter's program; it wraps main() in @
 
 
 def crash_demo(nproc_per_node: int = 2, crash_rank: int = 1,
-               timeout: float = DEFAULT_TIMEOUT_S) -> CrashRun:
+               timeout: float = DEFAULT_TIMEOUT_S,
+               monitor_interval: float | None = None) -> CrashRun:
     """``torchrun --standalone ddp_torchrun.py --crash-rank R``: rank R raises before training.
 
     The program runs from a fresh folder holding only its copy, as a reader runs it.
+    ``monitor_interval`` is torchrun's ``--monitor-interval`` (default 0.1 s): how often the
+    agent looks at its workers. A few seconds leave the other ranks time to fail by themselves
+    (and write their error files) before the agent stops them.
     """
+    interval = () if monitor_interval is None else (f"--monitor-interval={monitor_interval:g}",)
     folder = Path(tempfile.mkdtemp(prefix="ddpguide-crash-"))
     try:
         shutil.copy(path_of(CRASH_PROGRAM), folder / CRASH_PROGRAM)
-        agent = Agent("agent", ("--standalone", f"--nproc-per-node={nproc_per_node}"),
+        agent = Agent("agent", ("--standalone", f"--nproc-per-node={nproc_per_node}", *interval),
                       CRASH_PROGRAM, ("--epochs", "1", "--crash-rank", str(crash_rank)),
                       cwd=str(folder))
         run = run_agents([agent], timeout=timeout)[0]

@@ -36,3 +36,20 @@ def test_check_join_fails_on_a_run_without_the_second_agent(tmp_path):
         "".join(f'{{"epoch": {e}, "world_size": 1, "restart_count": 0}}\n' for e in range(3)))
     with pytest.raises(AssertionError):
         check_join(JoinRun([Done(), Done()], tmp_path, 3))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.multiprocess
+def test_without_the_workaround_the_late_agent_fails_on_a_key_nobody_writes():
+    from ddpguide.elastic.program import run_scale_up_hang, store_errors
+
+    run = run_scale_up_hang(read_timeout=5, timeout=120)
+    errors = store_errors(run)
+    assert [r.returncode for r in run.agents] == [1, 1], errors
+    key = f"/torch.rendezvous.{run.rdzv_id}.1/MASTER_ADDR"  # round 1: the round B joined
+    assert errors["B"] == f"torch.distributed.DistStoreError: wait timeout after 5000ms, keys: {key}"
+    assert f"/torch.rendezvous.{run.rdzv_id}.1/torchelastic/role_info/1" in errors["A"]
+    assert {r["world_size"] for r in run.records()} == {1}  # nobody trained at world size 2
+    command = run.agents[1].agent.shell_command()
+    assert command.startswith("torchrun --nnodes=1:2 ") and "read_timeout=5" in command
+    assert processes_of_launch(run.agents[0].launch_id) == []

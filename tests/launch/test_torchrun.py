@@ -336,3 +336,50 @@ def test_k8s_job_runs_the_same_valid_command_in_every_pod(tmp_path, monkeypatch)
                          tmp_path, monkeypatch)
     assert args.epochs == 3 and args.checkpoint == f"{tmp_path}/ddp_torchrun.pt"
     assert shlex.join(commands["Master"]).startswith("torchrun --nnodes=2")
+
+
+
+def _peer_that_exits(rank: int, port: int, queue, peer_gone) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    if rank == 1:
+        os._exit(0)  # gone without a word, as a crashed worker
+    peer_gone.wait(60)  # rank 1's process has ended: its sockets are closed
+    try:
+        dist.all_reduce(torch.ones(1))
+        queue.put("no error")
+    except RuntimeError as error:
+        queue.put(f"{type(error).__name__}: {str(error).splitlines()[0]}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.multiprocess
+def test_gloo_names_a_dead_peer_and_the_error_summary_keeps_the_words():
+    """Chapter 3 quotes gloo's words for rank 0 when rank 1 has died: they are gloo's, and shown."""
+    import multiprocessing
+
+    from ddpguide.core.processes import store_port
+
+    context = multiprocessing.get_context("spawn")
+    queue, peer_gone, port = context.Queue(), context.Event(), store_port()
+    workers = [context.Process(target=_peer_that_exits, args=(rank, port, queue, peer_gone))
+               for rank in (0, 1)]
+    for worker in workers:
+        worker.start()
+    try:
+        workers[1].join(90)
+        peer_gone.set()
+        message = queue.get(timeout=90)
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+    assert message.startswith("RuntimeError: [") and "Connection closed by peer" in message, message
+    shown = str(tr.ErrorSummary(message, "/x/utils.py", 299, "_verify_param_shape_across_processes", 0))
+    assert "Connection closed by peer" in shown and "GLHF" not in shown, shown  # the first sentence
