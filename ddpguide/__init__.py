@@ -90,7 +90,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "context.memory", "context.program", "context.viz", "launch.programs",
     ), ()),
     "12_mixture_of_experts": ("12", (
-        "core.runtime", "experts.program", "experts.traffic", "experts.viz", "launch.programs",
+        "core.runtime", "experts.traffic", "experts.viz", "launch.programs",
     ), ("bench",)),
     "13_pipeline_schedules": ("13", (
         "launch.programs", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
