@@ -14,7 +14,7 @@ chapter                         where its machinery lives
 4  elastic training             ``elastic`` (``python -m ddpguide.elastic``)
 5  model and pipeline parallel  ``pipeline``
 6  SBP on DTensor               ``sbp``
-7  mixed precision              ``train.amp``, ``train.syncbn``, ``ddp.pitfalls``
+7  mixed precision              ``train.amp``, ``train.amp_program``, ``train.syncbn``, ``ddp.pitfalls``
 8  sharded data parallelism     ``sharding``
 9  tensor parallelism, 2-D      ``sharding``
 10 when a job hangs             ``doctor`` (``python -m ddpguide.doctor``)
@@ -72,8 +72,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "sbp.regions", "sbp.viz", "sbp.workers",
     ), ()),
     "07_amp": ("7", (
-        "bench.amp", "core.models", "core.runtime", "ddp.pitfalls", "ddp.pitfalls_data",
-        "launch.programs", "launch.spawn", "train.amp", "train.loop", "train.syncbn",
+        "bench.amp", "core.runtime", "ddp.pitfalls", "ddp.pitfalls_data", "launch.programs",
+        "launch.spawn", "train.amp", "train.amp_program", "train.loop", "train.syncbn",
     ), ("bench",)),
     "08_sharded_data_parallel": ("8", (
         "core.runtime", "launch.spawn", "sbp.boxing_rules", "sharding.checks", "sharding.memory",
@@ -90,7 +90,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "context.memory", "context.program", "context.viz", "launch.programs",
     ), ()),
     "12_mixture_of_experts": ("12", (
-        "core.runtime", "experts.program", "experts.traffic", "experts.viz", "launch.programs",
+        "core.runtime", "experts.traffic", "experts.viz", "launch.programs",
     ), ("bench",)),
     "13_pipeline_schedules": ("13", (
         "launch.programs", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",

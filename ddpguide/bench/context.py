@@ -27,8 +27,9 @@ import torch
 
 from ddpguide.bench.report import Report
 from ddpguide.context.memory import SHAPE, full_attention_peak, ring_peak_worker
-from ddpguide.context.program import busiest_over_mean, bytes_formula, load
+from ddpguide.context.program import PROGRAM, busiest_over_mean, bytes_formula
 from ddpguide.core.ranklog import progress
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 
 
@@ -45,7 +46,7 @@ def time_worker(seq: int, repeats: int) -> float:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    program, world = load(), dist.get_world_size()
+    program, world = programs.load(PROGRAM), dist.get_world_size()
     q, k, v, dout = _inputs(seq // world, dist.get_rank())
     times = []
     for _ in range(repeats + 1):  # the first one warms up
@@ -64,7 +65,7 @@ def balance_worker(seq: int, split: str, repeats: int) -> dict:
     """CPU seconds this rank spends in block products, causal; bytes sent by each method."""
     import torch.distributed as dist
 
-    program, world = load(), dist.get_world_size()
+    program, world = programs.load(PROGRAM), dist.get_world_size()
     spent = [0.0]
     originals = {name: getattr(program, name) for name in ("merge_block", "grad_block")}
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ddpguide.bench.report import MALLOC_ENV, Report
 from ddpguide.experts import traffic
-from ddpguide.experts.program import load
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 
 EXPERTS, HIDDEN, FFN = 4, 64, 512
@@ -35,7 +35,7 @@ EXPERTS, HIDDEN, FFN = 4, 64, 512
 
 def step_worker(tokens: int, skew: float, warmup: int, steps: int) -> dict:
     """One rank: median seconds of a training step, and the tokens each local expert got."""
-    program = load()
+    program = programs.load(traffic.PROGRAM)
     rank, ranks = dist.get_rank(), dist.get_world_size()
     local = EXPERTS // ranks
     layer = program.make_layer(HIDDEN, FFN, EXPERTS, 0, skew, rank * local, local)

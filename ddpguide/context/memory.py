@@ -19,7 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ddpguide.context.program import load
+from ddpguide.context.program import PROGRAM
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 
 #: The attention the figures measure: batch 1, 2 heads of dimension 16, float64.
@@ -70,24 +71,25 @@ def full_attention_peak(seq: int, causal: bool = True) -> int:
     return counter.peak
 
 
-def ring_peak_worker(seqs: Sequence[int], causal: bool = True) -> list[int]:
+def ring_peak_worker(seqs: Sequence[int], causal: bool = True,
+                     program: str = PROGRAM) -> list[int]:
     """On each rank of a spawn: peak bytes of the program's ring attention, for each length."""
     import torch.distributed as dist
 
-    program = load()
+    source = programs.load(program)
     world, rank = dist.get_world_size(), dist.get_rank()
     peaks = []
     for seq in seqs:
         q, k, v, dout = _inputs(seq // world, torch.Generator().manual_seed(rank))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         with LiveBytes() as counter:
-            program.RingAttention.apply(q, k, v, "contiguous", causal).backward(dout)
+            source.RingAttention.apply(q, k, v, "contiguous", causal).backward(dout)
         peaks.append(counter.peak)
     return peaks
 
 
-def sweep(seqs: Sequence[int] = SEQS, worlds: Sequence[int] = (2, 4),
-          causal: bool = True) -> dict[int, list[int]]:
+def sweep(seqs: Sequence[int] = SEQS, worlds: Sequence[int] = (2, 4), causal: bool = True,
+          program: str = PROGRAM) -> dict[int, list[int]]:
     """{ranks: [peak bytes per rank for each sequence length]}; 1 is full attention."""
     for seq in seqs:
         for world in worlds:
@@ -95,7 +97,7 @@ def sweep(seqs: Sequence[int] = SEQS, worlds: Sequence[int] = (2, 4),
                 raise ValueError(f"sequence length {seq} does not split over {world} ranks")
     peaks = {1: [full_attention_peak(seq, causal) for seq in seqs]}
     for world in worlds:
-        ranks = spawn(ring_peak_worker, world, list(seqs), causal, threads_per_rank=1,
+        ranks = spawn(ring_peak_worker, world, list(seqs), causal, program, threads_per_rank=1,
                       echo=False, timeout=300)
         peaks[world] = [max(per_rank) for per_rank in zip(*ranks)]
     return peaks

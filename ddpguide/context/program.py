@@ -1,4 +1,8 @@
-"""The ring-attention program, imported by path, and the formulas its counts must meet.
+"""The ring-attention program's counts, from the program itself, and the formulas they must meet.
+
+The program (``book/programs/ring_attention.py``) is imported with
+:func:`ddpguide.launch.programs.load`, afresh on each call: an edited program is what
+the counts follow.
 
 * Work under the causal mask, in block products of (S/N) x (S/N) (a block on the
   diagonal counts 1/2, the half a causal kernel computes): with the contiguous split
@@ -13,38 +17,27 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
+import os
 import re
-from types import ModuleType
 
-from ddpguide.launch.programs import path_of
+from ddpguide.launch import programs
 
-NAME = "ring_attention.py"
-
-
-@functools.cache
-def load() -> ModuleType:
-    """``book/programs/ring_attention.py`` as a module (its ``main`` does not run)."""
-    spec = importlib.util.spec_from_file_location("ring_attention_program", path_of(NAME))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path_of(NAME)} as a module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: The chapter's program: its chunking and skipping rules are the ones counted here (no copy).
+PROGRAM = "ring_attention.py"
 
 
-def work_per_rank(world: int, split: str, causal: bool = True) -> list[float]:
+def work_per_rank(world: int, split: str, causal: bool = True,
+                  program: str | os.PathLike = PROGRAM) -> list[float]:
     """Block products each rank computes, from the program's own chunking and skipping rule."""
-    program = load()
+    source = programs.load(program)
     pieces = 1 if split == "contiguous" else 2
     work = []
     for rank in range(world):
-        mine = program.chunks_of(rank, world, split)
+        mine = source.chunks_of(rank, world, split)
         total = 0.0
         for step in range(world):
-            theirs = program.chunks_of((rank - step) % world, world, split)
-            for _, _, diagonal in program.block_pairs(mine, theirs, causal):
+            theirs = source.chunks_of((rank - step) % world, world, split)
+            for _, _, diagonal in source.block_pairs(mine, theirs, causal):
                 total += (0.5 if diagonal else 1.0) / pieces ** 2
         work.append(total)
     return work

@@ -16,7 +16,10 @@ import math
 import torch
 import torch.distributed as dist
 
-from ddpguide.experts.program import load
+from ddpguide.launch import programs
+
+#: The chapter's program: its layer, router and exchange are what is counted here (no copy).
+PROGRAM = "moe_expert_parallel.py"
 
 
 def formula(tokens: int, hidden: int, element_bytes: int, ranks: int) -> float:
@@ -75,16 +78,17 @@ def balanced(layer, tokens: int, hidden: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-def count_worker(tokens: int, hidden: int, ffn: int, experts: int) -> dict:
+def count_worker(tokens: int, hidden: int, ffn: int, experts: int,
+                 program: str = PROGRAM) -> dict:
     """One rank: a forward and backward pass of a balanced batch, every all-to-all counted."""
-    program = load()
+    source = programs.load(program)
     rank, ranks = dist.get_rank(), dist.get_world_size()
     local = experts // ranks
-    layer = program.make_layer(hidden, ffn, experts, seed=0, first=rank * local, count=local)
+    layer = source.make_layer(hidden, ffn, experts, seed=0, first=rank * local, count=local)
     x = balanced(layer, tokens, hidden, seed=rank)
     forward: list[dict] = []
     with counting(forward):
-        y, aux, keep, per_expert = program.expert_parallel(layer, x, 1, float(experts), None,
+        y, aux, keep, per_expert = source.expert_parallel(layer, x, 1, float(experts), None,
                                                            ranks * tokens)
     backward: list[dict] = []
     with counting(backward):
@@ -98,10 +102,11 @@ def count_worker(tokens: int, hidden: int, ffn: int, experts: int) -> dict:
 
 
 def count(ranks: int, tokens: int = 64, hidden: int = 16, ffn: int = 32, experts: int = 4,
-          timeout: float = 180.0) -> list[dict]:
+          timeout: float = 180.0, program: str = PROGRAM) -> list[dict]:
     """:func:`count_worker` on ``ranks`` spawned ranks; each rank's result, in rank order."""
     from ddpguide.launch.spawn import spawn
 
     if experts % ranks:
         raise ValueError(f"{experts} experts do not split evenly over {ranks} ranks")
-    return spawn(count_worker, ranks, tokens, hidden, ffn, experts, timeout=timeout, echo=False)
+    return spawn(count_worker, ranks, tokens, hidden, ffn, experts, program, timeout=timeout,
+                 echo=False)

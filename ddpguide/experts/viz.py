@@ -4,27 +4,29 @@ from __future__ import annotations
 
 import torch
 
-from ddpguide.experts.program import load
+from ddpguide.experts.traffic import PROGRAM
+from ddpguide.launch import programs
 
 
 def tokens_per_expert(skew: float, tokens: int = 256, experts: int = 8, k: int = 1,
-                      capacity_factor: float = 1.25, hidden: int = 16, seed: int = 0) -> dict:
+                      capacity_factor: float = 1.25, hidden: int = 16, seed: int = 0,
+                      program: str = PROGRAM) -> dict:
     """Route one group of random tokens with the program's layer and router.
 
     ``skew`` is added to expert 0's router bias (the program's ``--skew``).
     Returns the capacity and, per expert, the choices kept and dropped.
     """
-    program = load()
-    layer = program.make_layer(hidden, 2 * hidden, experts, seed, skew)
+    source = programs.load(program)
+    layer = source.make_layer(hidden, 2 * hidden, experts, seed, skew)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed + 1),
                     dtype=torch.float64)
-    capacity = program.capacity_of(tokens, experts, k, capacity_factor)
+    capacity = source.capacity_of(tokens, experts, k, capacity_factor)
     with torch.no_grad():
         probs = torch.softmax(layer.router(layer.norm(x)), dim=-1)
-        _, expert, keep = program.route(probs, k, capacity)
+        _, expert, keep = source.route(probs, k, capacity)
         chosen = torch.bincount(expert.reshape(-1), minlength=experts)
         kept = torch.bincount(expert[keep], minlength=experts)
-        prob_sum, counted = program.aux_loss_terms(probs, expert, experts)
+        prob_sum, counted = source.aux_loss_terms(probs, expert, experts)
         aux = experts * (counted / (k * tokens) * prob_sum / tokens).sum().item()
     return {"skew": skew, "capacity": capacity, "kept": kept.tolist(),
             "dropped": (chosen - kept).tolist(), "aux": aux, "tokens": tokens, "k": k}

@@ -1,11 +1,13 @@
 """The SBP chapter's worked examples, run on every rank through
 :func:`ddpguide.sbp.workers.run`: the seed's linear regression as data
 parallelism in SBP terms and a tensor-parallel layer (both the code of
-``book/programs/dtensor_regression.py``, imported from there), and the one-line
-errors for bad input."""
+``book/programs/dtensor_regression.py``, imported from there with
+:func:`ddpguide.launch.programs.load`, afresh on each call, so an edited program is what
+the checks run), and the one-line errors for bad input."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import torch
@@ -14,6 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+from ddpguide.launch import programs
 from ddpguide.sbp import boxing_by_hand
 from ddpguide.sbp.placements import (
     B,
@@ -36,21 +39,15 @@ def comm_counts(mode: CommDebugMode) -> dict[str, int]:
     """The collectives ``mode`` saw, by the book's names."""
     return boxing_by_hand.collective_names(mode.get_comm_counts())
 
-def program():
-    """``book/programs/dtensor_regression.py``, imported by path: the code the chapter shows."""
-    import importlib.util
 
-    from ddpguide.launch.programs import path_of
-
-    spec = importlib.util.spec_from_file_location("dtensor_regression", path_of("dtensor_regression.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+#: The chapter's program: its regression and tensor-parallel layer are what is checked here.
+PROGRAM = "dtensor_regression.py"
 
 
-def linear_regression(iters: int = 500, lr: float = 0.01) -> dict:
+def linear_regression(iters: int = 500, lr: float = 0.01,
+                      program: str | os.PathLike = PROGRAM) -> dict:
     """The program's regression (weights B, data S(0), a global sum loss), as plain data."""
-    source = program()
+    source = programs.load(program)
     mesh = device_mesh((dist.get_world_size(),))
     reg = source.regression(mesh, iters=iters, lr=lr)
     # Rank r's own sample, alone, at w = 0: what its partial gradient must be.
@@ -69,10 +66,10 @@ def linear_regression(iters: int = 500, lr: float = 0.01) -> dict:
             "step_comms": boxing_by_hand.collective_names(reg["step"])}
 
 
-def tensor_parallel(seed: int = 0, batch: int = 4) -> dict:
+def tensor_parallel(seed: int = 0, batch: int = 4, program: str | os.PathLike = PROGRAM) -> dict:
     """The program's tensor-parallel Linear-ReLU-Linear against the plain one, as plain data."""
     mesh = device_mesh((dist.get_world_size(),))
-    result = program().tensor_parallel(mesh, seed=seed, batch=batch)
+    result = programs.load(program).tensor_parallel(mesh, seed=seed, batch=batch)
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     params = dict(result["tp"].named_parameters())
     return {

@@ -4,6 +4,13 @@ Workers (:func:`equivalence`, :func:`collectives`) run on every rank of a
 :func:`ddpguide.launch.spawn`; :func:`check_equivalence` starts them and raises
 unless every strategy ends with the weights of one process trained on the full
 batch, within the tolerance it is given.
+
+The strategies ``zero2_hand`` and ``zero3_hand`` are the package's own ZeRO by hand
+(:mod:`ddpguide.sharding.zero3`: ZeRO-2 as well, tuple outputs, parameter-owning parts,
+models on the meta device), not the chapter's program. What the chapter says of the
+program ``zero3_by_hand.py`` is counted on the program itself: :func:`program_collectives`
+loads it (:func:`ddpguide.launch.programs.load`) and runs its ``make_model`` and
+``shard_model``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from ddpguide.core.models import mlp
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sbp.boxing_by_hand import collective_names
 from ddpguide.sharding.memory import measure
@@ -31,6 +39,8 @@ EQUIVALENCE_WIDTHS = (6, 10, 5, 3)
 SHARDED = ("ddp", "zero1", "zero2_hand", "zero3_hand", "fsdp2")
 TOLERANCE = 1e-12
 BATCH = 12  # divisible by 1, 2, 3 and 4 ranks: every rank gets the same number of samples
+#: The chapter's ZeRO-3 program, whose own hooks :func:`program_collectives` counts.
+PROGRAM = "zero3_by_hand.py"
 
 
 def _quiet() -> None:
@@ -147,20 +157,50 @@ def collectives(strategies: Sequence[str] = SHARDED, fsdp_keep_after_forward: bo
         trainer = build(name, mlp(tuple(widths)), reshard_after_forward=reshard)
         for _ in range(2):
             trainer.step(inputs[mine], targets[mine], nn.functional.mse_loss)
-        counts = {}
-        trainer.optimizer.zero_grad(set_to_none=True)
-        with CommDebugMode() as mode:
-            loss = nn.functional.mse_loss(trainer.model(inputs[mine]), targets[mine])
-        counts["forward"] = collective_names(mode.get_comm_counts())
-        with CommDebugMode() as mode:
-            loss.backward()
-        counts["backward"] = collective_names(mode.get_comm_counts())
-        with CommDebugMode() as mode:
-            trainer.optimizer.step()
-        counts["optimizer.step"] = collective_names(mode.get_comm_counts())
-        out[label] = counts
+        out[label] = _step_collectives(trainer.model, trainer.optimizer, inputs[mine], targets[mine])
         dist.barrier()
     return out
+
+
+def _step_collectives(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                      y: torch.Tensor) -> dict[str, dict]:
+    """The collectives of one training step, per phase (:data:`PHASES`), from ``CommDebugMode``."""
+    counts = {}
+    optimizer.zero_grad(set_to_none=True)
+    with CommDebugMode() as mode:
+        loss = nn.functional.mse_loss(model(x), y)
+    counts["forward"] = collective_names(mode.get_comm_counts())
+    with CommDebugMode() as mode:
+        loss.backward()
+    counts["backward"] = collective_names(mode.get_comm_counts())
+    with CommDebugMode() as mode:
+        optimizer.step()
+    counts["optimizer.step"] = collective_names(mode.get_comm_counts())
+    return counts
+
+
+def program_collectives(program: str = PROGRAM, seed: int = 0) -> dict[str, dict]:
+    """On each rank: the collectives of one training step of the program's own ZeRO-3.
+
+    The program's ``make_model`` sharded by its ``shard_model``, Adam on its shards, in
+    float64 as the program trains, counted per phase as :func:`collectives` counts (the
+    third step).
+    """
+    source = programs.load(program)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = source.make_model().to(torch.float64)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    widths = (linears[0].in_features, linears[-1].out_features)
+    inputs, targets = _data(seed, BATCH, widths, torch.float64)
+    mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
+    optimizer = torch.optim.Adam([s.shard for s in source.shard_model(model, rank, world)], lr=source.LR)
+    for _ in range(2):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(inputs[mine]), targets[mine]).backward()
+        optimizer.step()
+    counts = _step_collectives(model, optimizer, inputs[mine], targets[mine])
+    dist.barrier()
+    return counts
 
 
 class _Tied(nn.Module):
@@ -191,7 +231,8 @@ def refusals() -> dict[str, tuple[str, str]]:
 
 
 PARTS: dict[str, Callable[[], object]] = {"equivalence": equivalence, "collectives": collectives,
-                                          "memory": measure, "refusals": refusals}
+                                          "memory": measure, "refusals": refusals,
+                                          "program": program_collectives}
 
 
 def check_parts(parts: Sequence[str]) -> list[str]:

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from ddpguide.context.program import (
+    PROGRAM,
     busiest_over_mean,
     bytes_formula,
     contiguous_imbalance,
-    load,
     parse_output,
     work_per_rank,
 )
-from ddpguide.launch.programs import PROGRAMS, run, torchrun
+from ddpguide.launch.programs import PROGRAMS, load, run, torchrun
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 12, 48, 8  # the program's defaults
 METHODS = ("ring", "zigzag", "ulysses")
@@ -83,7 +83,7 @@ REFUSALS = [
 
 def parse_error(args, env, monkeypatch, capsys) -> str:
     """The program's argument check, in this process: it must exit 2 and print only on stderr."""
-    program = load()
+    program = load(PROGRAM)
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -110,3 +110,15 @@ def test_the_program_refuses_before_any_process_group_and_writes_nothing(copy, a
                           capture_output=True, timeout=150, env={**clean, **env})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
     assert sorted(p.name for p in copy.iterdir()) == ["ring_attention.py"]  # nothing written
+
+
+def test_the_counts_follow_the_program(tmp_path):
+    """An edited copy, as a reader might write it: each rank takes two neighbouring chunks
+    instead of the head and the tail. The count is then the contiguous split's."""
+    text = (PROGRAMS / PROGRAM).read_text()
+    rule = "[rank, 2 * world - 1 - rank]"
+    assert text.count(rule) == 1
+    edited = tmp_path / PROGRAM
+    edited.write_text(text.replace(rule, "[2 * rank, 2 * rank + 1]"))
+    assert work_per_rank(4, "zigzag") == [2.0] * 4
+    assert work_per_rank(4, "zigzag", program=edited) == [0.5, 1.5, 2.5, 3.5]

@@ -86,9 +86,9 @@ REFUSALS = [
 @pytest.mark.parametrize("args, world, message", REFUSALS)
 def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, world, message):
     """The program's own check, called in this process as a rank started by torchrun runs it."""
-    from ddpguide.experts.program import load
+    from ddpguide.launch.programs import load
 
-    program = load()
+    program = load(NAME)
     for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WORLD_SIZE", world)

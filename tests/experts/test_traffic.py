@@ -27,9 +27,9 @@ def test_bytes_sent_off_rank_skip_the_rank_itself():
 def test_a_balanced_batch_routes_token_t_to_expert_t_mod_e():
     import torch
 
-    from ddpguide.experts.program import load
+    from ddpguide.launch.programs import load
 
-    program = load()
+    program = load(traffic.PROGRAM)
     layer = program.make_layer(16, 32, 4, seed=0)
     x = traffic.balanced(layer, 64, 16)
     probs = torch.softmax(layer.router(layer.norm(x)), dim=-1)

@@ -27,3 +27,19 @@ def test_the_figure_has_one_panel_per_case_with_kept_dropped_and_capacity():
         assert [b.get_height() for b in kept] == case["kept"]
         assert [b.get_height() for b in dropped] == case["dropped"]
         assert ax.lines[0].get_ydata()[0] == case["capacity"]
+
+
+def test_the_routing_follows_the_program(tmp_path):
+    """An edited copy with twice the capacity: the hot expert keeps 40 more choices."""
+    from ddpguide.experts.traffic import PROGRAM
+    from ddpguide.launch.programs import path_of
+
+    text = path_of(PROGRAM).read_text()
+    rule = "return math.ceil(capacity_factor * tokens * k / experts)"
+    assert text.count(rule) == 1
+    edited = tmp_path / PROGRAM
+    edited.write_text(text.replace(rule, "return 2 * math.ceil(capacity_factor * tokens * k / experts)"))
+    hot, doubled = viz.tokens_per_expert(2.0), viz.tokens_per_expert(2.0, program=str(edited))
+    assert (hot["capacity"], doubled["capacity"]) == (40, 80)
+    assert doubled["kept"][0] == hot["kept"][0] + 40 == 80
+    assert doubled["dropped"][0] == hot["dropped"][0] - 40

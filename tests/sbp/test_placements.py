@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sbp import examples, regions
 from ddpguide.sbp import placements as sbp
@@ -21,7 +22,7 @@ from ddpguide.sbp.placements import B, P, S, SBPError
 from ddpguide.sbp.workers import run
 
 # The seed's samples, from the program the chapter shows (book/programs/dtensor_regression.py).
-SEED_X, SEED_Y = examples.program().SEED_X, examples.program().SEED_Y
+SEED_X, SEED_Y = programs.load(examples.PROGRAM).SEED_X, programs.load(examples.PROGRAM).SEED_Y
 
 WORLD = 4
 PARTS = ["sbp_1d", "regions_2d", "seed_2d", "signature_2d", "linear_regression",
@@ -183,6 +184,24 @@ def test_tensor_parallel_mlp_equals_plain_mlp(ranks):
         assert tp["param_sbp"] == {"0.weight": "S(0)", "0.bias": "S(0)", "2.weight": "S(1)", "2.bias": "B"}
         assert tp["local_shapes"]["0.weight"] == (16 // WORLD, 8)
         assert tp["forward_comms"] == {"all_reduce": 1}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_the_tensor_parallel_check_follows_the_program(tmp_path):
+    """An edited copy of the program with a hidden layer of 32: the check runs the edit."""
+    layer = "nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))"
+    text = programs.path_of(examples.PROGRAM).read_text()
+    assert text.count(layer) == 2  # the plain module and the one it parallelizes
+    edited = tmp_path / examples.PROGRAM
+    edited.write_text(text.replace(layer, "nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))"))
+    results = spawn(run, 2, ["tensor_parallel"], {"tensor_parallel": {"program": str(edited)}},
+                    timeout=200, collective_timeout=60, echo=False)
+    for r in results:
+        tp = r["tensor_parallel"]
+        assert tp["local_shapes"]["0.weight"] == (32 // 2, 8)
+        assert tp["local_shapes"]["2.weight"] == (8, 32 // 2)
+        torch.testing.assert_close(tp["out"], tp["expected"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.timeout(240)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding import checks
 
@@ -15,7 +16,7 @@ _CACHE: dict[int, list[dict]] = {}
 def results(world: int) -> list[dict]:
     """Every rank's parts, one spawn per world size for the whole module."""
     if world not in _CACHE:
-        parts = ["equivalence", "collectives", "refusals"] if world == 2 else ["equivalence"]
+        parts = ["equivalence", "collectives", "refusals", "program"] if world == 2 else ["equivalence"]
         _CACHE[world] = spawn(checks.run_parts, world, parts, timeout=300, echo=False)
     return _CACHE[world]
 
@@ -89,7 +90,7 @@ def test_check_equivalence_refuses_bad_world_sizes_before_starting(world, messag
 
 def test_unknown_part_is_refused():
     with pytest.raises(ValueError, match="^unknown part 'speed'; choose from collectives, "
-                                         "equivalence, memory, refusals$"):
+                                         "equivalence, memory, program, refusals$"):
         checks.check_parts(["memory", "speed"])
 
 
@@ -100,3 +101,38 @@ def test_check_equivalence_reports_and_asserts():
     assert all(r["within tolerance"] and r["largest difference"] <= TOLERANCE for r in rows)
     with pytest.raises(AssertionError, match="differences above 1e-30"):
         checks.check_equivalence(world_sizes=(2,), strategies=("ddp",), tolerance=1e-30)
+
+
+#: The program as a reader might turn it into ZeRO-2: the full parameters stay from forward
+#: to backward (not freed after forward, not gathered again for backward).
+ZERO2_EDIT = (("        def after_forward(layer, args, output, own=own):\n"
+               "            for s in own:\n                s.free()\n",
+               "        def after_forward(layer, args, output, own=own):\n"),
+              ("                output.register_hook(gather_for_backward)", "                pass"))
+
+
+def test_the_programs_own_zero3_makes_the_collectives_the_chapter_counts():
+    """Counted on zero3_by_hand.py itself: one all-gather per tensor in forward and again in
+    backward, one reduce-scatter per tensor; the package's zero3_hand makes the same."""
+    results2 = results(2)
+    tensors = 6
+    for r in results2:
+        assert r["program"] == {"forward": {"_allgather_base_": tensors},
+                                "backward": {"_allgather_base_": tensors,
+                                             "_reduce_scatter_base_": tensors},
+                                "optimizer.step": {}}
+    assert results2[0]["program"] == results2[0]["collectives"]["zero3_hand"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_the_program_count_follows_the_program(tmp_path):
+    text = programs.path_of(checks.PROGRAM).read_text()
+    for old, new in ZERO2_EDIT:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    edited = tmp_path / checks.PROGRAM
+    edited.write_text(text)
+    counts = spawn(checks.program_collectives, 2, str(edited), timeout=240, echo=False)[0]
+    assert counts["forward"] == {"_allgather_base_": 6}
+    assert counts["backward"] == {"_reduce_scatter_base_": 6}  # no second all-gather
