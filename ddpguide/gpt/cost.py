@@ -42,10 +42,15 @@ def measure(options: tuple[str, ...], ranks: int, extra: tuple[str, ...] = CHECK
     folder = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-cost-"))
     done = run(PROGRAM, *options, *extra, "--cost", launcher=launcher, timeout=timeout,
                echo=False, workdir=folder, env=env)
+    return parse(done), done
+
+
+def parse(done: ProgramRun) -> dict:
+    """The ``cost:`` line of a run with ``--cost``, as a dict."""
     lines = [line for line in done.program_lines() if line.startswith("cost: ")]
     if not lines:
         raise AssertionError(f"{done.command}: no 'cost:' line in\n{done.text()}")
-    return json.loads(lines[-1][len("cost: "):]), done
+    return json.loads(lines[-1][len("cost: "):])
 
 
 def compare(result: dict) -> dict:

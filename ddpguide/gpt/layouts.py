@@ -117,19 +117,26 @@ def model_options(options: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(x for pair in pairs if pair[0] not in axes for x in pair)
 
 
-def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=None) -> list[dict]:
-    """Each layout against the first (one process): the rows of the chapter's table."""
+def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=None,
+                      extra: tuple[str, ...] = CHECK, runs: dict | None = None) -> list[dict]:
+    """Each layout against the first (one process): the rows of the chapter's table.
+
+    ``extra`` are the options of every run (``(*CHECK, "--cost")`` also counts each
+    layout's cost, which the tests read); ``runs``, when given, receives each layout's
+    :class:`LayoutRun` by name."""
     import tempfile
 
     root = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-gpt-"))
     rows: list[dict] = []
     references: dict[tuple[str, ...], LayoutRun] = {}
     for i, (name, ranks, options) in enumerate(layouts):
-        result = launch(options, ranks, root / f"layout{i}", name=name)
+        result = launch(options, ranks, root / f"layout{i}", extra=extra, name=name)
+        if runs is not None:
+            runs[name] = result
         model = model_options(options)
         if model not in references:  # the one process of the same model (the MoE has its own)
             references[model] = result if ranks == 1 else launch(
-                model, 1, root / f"reference{len(references)}", name="1 process")
+                model, 1, root / f"reference{len(references)}", extra=extra, name="1 process")
         loss, params = compare(references[model], result)
         rows.append({"layout": name, "ranks": ranks, "loss_difference": loss,
                      "parameter_difference": params, "seconds": round(result.seconds, 1)})

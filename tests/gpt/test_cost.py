@@ -7,19 +7,27 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.gpt.cost import COST_LAYOUTS, KINDS, MEMORY, compare, fit_alpha_beta, measure, ring_steps, wire_bytes
+from ddpguide.gpt.cost import (
+    COST_LAYOUTS,
+    KINDS,
+    MEMORY,
+    compare,
+    fit_alpha_beta,
+    measure,
+    parse,
+    ring_steps,
+    wire_bytes,
+)
+from ddpguide.gpt.layouts import LAYOUTS
 
-CASES = [*COST_LAYOUTS[1:],
-         ("TP x CP 2 x 2, checkpointed", 4, ("--tp", "2", "--cp", "2", "--checkpoint-activations")),
-         ("HSDP 2 x 2, 2 accumulations", 4, ("--dp-replicate", "2", "--dp-shard", "2",
-                                              "--accumulate", "2"))]
+#: cases the equivalence table does not run: launched here
+OWN_CASES = [("TP x CP 2 x 2, checkpointed", 4, ("--tp", "2", "--cp", "2", "--checkpoint-activations")),
+             ("HSDP 2 x 2, 2 accumulations", 4, ("--dp-replicate", "2", "--dp-shard", "2",
+                                                  "--accumulate", "2"))]
+TABLE_CASES = [name for name, _, _ in COST_LAYOUTS[1:]]
 
 
-@pytest.mark.multiprocess
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name,ranks,options", CASES, ids=[c[0] for c in CASES])
-def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
-    result, _ = measure(options, ranks, workdir=tmp_path)
+def check_counted_bytes(result: dict, options: tuple[str, ...]) -> None:
     found = compare(result)
     for kind in KINDS:
         assert found["bytes"][kind]["counted"] == found["bytes"][kind]["predicted"], (kind, found)
@@ -33,9 +41,27 @@ def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(300)
-def test_one_process_sends_nothing_and_its_memory_is_predicted(tmp_path):
-    result, done = measure((), 1, workdir=tmp_path)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", TABLE_CASES)
+def test_counted_bytes_equal_predicted_on_the_table_s_layouts(table, name):
+    """The runs of the equivalence table (tests/gpt/conftest.py), each with --cost."""
+    options = next(options for n, _, options in LAYOUTS if n == name)
+    check_counted_bytes(parse(table[1][name].run), options)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name,ranks,options", OWN_CASES, ids=[c[0] for c in OWN_CASES])
+def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
+    result, _ = measure(options, ranks, workdir=tmp_path)
+    check_counted_bytes(result, options)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_one_process_sends_nothing_and_its_memory_is_predicted(table):
+    done = table[1]["1 process"].run
+    result = parse(done)
     assert result["counted"] == [dict.fromkeys(KINDS, 0)]
     found = compare(result)
     assert all(0.9 <= found["memory"][part] <= 1.1 for part in MEMORY), found["memory"]
