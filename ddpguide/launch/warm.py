@@ -12,9 +12,12 @@ the moment of the start, with the rank's variables, replaces its own, and its
 standard output and error go to the rank's log file. What only a fresh
 interpreter reads (the C library's ``MALLOC_*`` tunables, ``LD_*``, ``PYTHON*``,
 the thread libraries' ``OMP_*``/``MKL_*``/``KMP_*`` settings other than the
-thread count, which the rank sets itself, torch's ``TORCH_CPP_LOG_LEVEL``) cannot
-be set that way: when a start asks for values of those that the server was not
-started with, it uses ``spawn`` (the benchmarks, which set ``MALLOC_*``, do).
+thread count, which the rank sets itself) or torch reads when it is imported
+(``TORCH_DISTRIBUTED_DEBUG`` is read by ``import torch.distributed``, ``TORCH_LOGS``
+and the ``TORCHDYNAMO_*``/``TORCHINDUCTOR_*`` settings by theirs; every ``TORCH*``,
+``NCCL_*`` and ``CUDA_*`` variable is counted in) cannot be set that way: when a
+start asks for values of those that the server was not started with, it uses
+``spawn`` (the benchmarks, which set ``MALLOC_*``, do).
 ``DDPGUIDE_START_METHOD=spawn`` makes every start a fresh interpreter.
 
 The server is started once per process, on first use, and dies with it: the
@@ -40,7 +43,7 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel",
            "ddpguide.launch.child")
 #: variables read when an interpreter or a library starts, not later
 EXEC_TIME_PREFIXES = ("MALLOC_", "LD_", "PYTHON", "GLIBC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
-                      "TORCH_CPP_LOG_LEVEL")
+                      "TORCH", "NCCL_", "CUDA_")
 #: set by each rank from its own environment (torch.set_num_threads)
 SET_BY_THE_RANK = frozenset({"OMP_NUM_THREADS"})
 

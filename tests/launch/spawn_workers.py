@@ -69,3 +69,8 @@ def touch_and_sleep(folder_prefix: str):
     with open(f"{folder_prefix}-{dist.get_rank()}", "w"):
         pass
     time.sleep(3600)
+
+
+def debug_level():
+    """The debug level c10d runs at in this rank (``TORCH_DISTRIBUTED_DEBUG``)."""
+    return dist.get_debug_level().name

@@ -20,10 +20,11 @@ from tests.launch import spawn_workers
 
 def test_exec_time_variables_are_those_a_fresh_interpreter_reads():
     environ = {"MALLOC_MMAP_THRESHOLD_": "1", "OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "true",
-               "PYTHONHASHSEED": "0", "RANK": "0", "TORCH_CPP_LOG_LEVEL": "INFO", "DDPGUIDE_X": "1"}
+               "PYTHONHASHSEED": "0", "RANK": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+               "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "DDPGUIDE_X": "1", "MASTER_PORT": "1"}
     assert warm.exec_time_variables(environ) == {
         "MALLOC_MMAP_THRESHOLD_": "1", "OMP_PROC_BIND": "true", "PYTHONHASHSEED": "0",
-        "TORCH_CPP_LOG_LEVEL": "INFO"}
+        "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
 
 
 def test_the_start_method_is_spawn_when_asked_or_when_the_server_lacks_a_setting(monkeypatch):
@@ -109,3 +110,11 @@ def test_the_server_and_its_ranks_die_with_their_parent(tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+
+
+@pytest.mark.multiprocess
+def test_a_variable_torch_reads_on_import_reaches_the_rank(monkeypatch):
+    """TORCH_DISTRIBUTED_DEBUG is read by ``import torch.distributed``: such a rank is spawned."""
+    monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
+    levels = spawn(spawn_workers.debug_level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, echo=False)
+    assert levels == ["DETAIL", "DETAIL"]
