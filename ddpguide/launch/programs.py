@@ -146,6 +146,19 @@ def copy_program(name: str, folder: str | os.PathLike) -> Path:
     return folder / source.name
 
 
+def edited_copy(name: str, folder: str | os.PathLike, *edits: tuple[str, str], count: int = 1) -> Path:
+    """A copy of program ``name`` in ``folder`` with each ``(old, new)`` replaced, as a reader
+    might edit it; ``old`` must occur ``count`` times, so that an edit never silently misses."""
+    path = copy_program(name, folder)
+    text = path.read_text()
+    for old, new in edits:
+        if text.count(old) != count:
+            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times, not {count}")
+        text = text.replace(old, new)
+    path.write_text(text)
+    return path
+
+
 def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
         expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
         workdir: str | os.PathLike | None = None) -> ProgramRun:

@@ -19,7 +19,7 @@ from ddpguide.context.program import (
     parse_output,
     work_per_rank,
 )
-from ddpguide.launch.programs import PROGRAMS, load, run, torchrun
+from ddpguide.launch.programs import PROGRAMS, edited_copy, load, run, torchrun
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 12, 48, 8  # the program's defaults
 METHODS = ("ring", "zigzag", "ulysses")
@@ -115,10 +115,6 @@ def test_the_program_refuses_before_any_process_group_and_writes_nothing(copy, a
 def test_the_counts_follow_the_program(tmp_path):
     """An edited copy, as a reader might write it: each rank takes two neighbouring chunks
     instead of the head and the tail. The count is then the contiguous split's."""
-    text = (PROGRAMS / PROGRAM).read_text()
-    rule = "[rank, 2 * world - 1 - rank]"
-    assert text.count(rule) == 1
-    edited = tmp_path / PROGRAM
-    edited.write_text(text.replace(rule, "[2 * rank, 2 * rank + 1]"))
+    edited = edited_copy(PROGRAM, tmp_path, ("[rank, 2 * world - 1 - rank]", "[2 * rank, 2 * rank + 1]"))
     assert work_per_rank(4, "zigzag") == [2.0] * 4
     assert work_per_rank(4, "zigzag", program=edited) == [0.5, 1.5, 2.5, 3.5]

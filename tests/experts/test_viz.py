@@ -32,13 +32,10 @@ def test_the_figure_has_one_panel_per_case_with_kept_dropped_and_capacity():
 def test_the_routing_follows_the_program(tmp_path):
     """An edited copy with twice the capacity: the hot expert keeps 40 more choices."""
     from ddpguide.experts.traffic import PROGRAM
-    from ddpguide.launch.programs import path_of
+    from ddpguide.launch.programs import edited_copy
 
-    text = path_of(PROGRAM).read_text()
     rule = "return math.ceil(capacity_factor * tokens * k / experts)"
-    assert text.count(rule) == 1
-    edited = tmp_path / PROGRAM
-    edited.write_text(text.replace(rule, "return 2 * math.ceil(capacity_factor * tokens * k / experts)"))
+    edited = edited_copy(PROGRAM, tmp_path, (rule, rule.replace("return ", "return 2 * ")))
     hot, doubled = viz.tokens_per_expert(2.0), viz.tokens_per_expert(2.0, program=str(edited))
     assert (hot["capacity"], doubled["capacity"]) == (40, 80)
     assert doubled["kept"][0] == hot["kept"][0] + 40 == 80

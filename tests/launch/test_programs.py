@@ -101,3 +101,13 @@ def test_loading_a_program_leaves_the_default_dtype_as_it_was():
     module = programs.load("fsdp2.py")
     assert torch.get_default_dtype() == before == torch.float32
     assert hasattr(module, "main")
+
+
+def test_an_edited_copy_replaces_the_text_and_refuses_an_edit_that_misses(tmp_path):
+    from ddpguide.launch.programs import edited_copy, path_of
+
+    line = "def cleanup():"
+    copy = edited_copy("ddp_spawn.py", tmp_path / "a", (line, "def cleanup_edited():"))
+    assert copy.read_text() == path_of("ddp_spawn.py").read_text().replace(line, "def cleanup_edited():")
+    with pytest.raises(ValueError, match=r"ddp_spawn.py: 'no such line' occurs 0 times, not 1"):
+        edited_copy("ddp_spawn.py", tmp_path / "b", ("no such line", "x"))

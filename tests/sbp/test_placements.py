@@ -191,10 +191,9 @@ def test_tensor_parallel_mlp_equals_plain_mlp(ranks):
 def test_the_tensor_parallel_check_follows_the_program(tmp_path):
     """An edited copy of the program with a hidden layer of 32: the check runs the edit."""
     layer = "nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))"
-    text = programs.path_of(examples.PROGRAM).read_text()
-    assert text.count(layer) == 2  # the plain module and the one it parallelizes
-    edited = tmp_path / examples.PROGRAM
-    edited.write_text(text.replace(layer, "nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))"))
+    wider = "nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))"
+    # twice: the plain module and the one it parallelizes
+    edited = programs.edited_copy(examples.PROGRAM, tmp_path, (layer, wider), count=2)
     results = spawn(run, 2, ["tensor_parallel"], {"tensor_parallel": {"program": str(edited)}},
                     timeout=200, collective_timeout=60, echo=False)
     for r in results:

@@ -127,12 +127,7 @@ def test_the_programs_own_zero3_makes_the_collectives_the_chapter_counts():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_the_program_count_follows_the_program(tmp_path):
-    text = programs.path_of(checks.PROGRAM).read_text()
-    for old, new in ZERO2_EDIT:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    edited = tmp_path / checks.PROGRAM
-    edited.write_text(text)
+    edited = programs.edited_copy(checks.PROGRAM, tmp_path, *ZERO2_EDIT)
     counts = spawn(checks.program_collectives, 2, str(edited), timeout=240, echo=False)[0]
     assert counts["forward"] == {"_allgather_base_": 6}
     assert counts["backward"] == {"_reduce_scatter_base_": 6}  # no second all-gather

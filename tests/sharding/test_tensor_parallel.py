@@ -5,7 +5,6 @@ One 2-rank start runs every case (a start costs seconds); the tests read its res
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 import pytest
@@ -26,15 +25,9 @@ EDIT = ('{"up": ColwiseParallel(), "down": RowwiseParallel()}',
 
 
 def _edited_program() -> str:
-    text = programs.path_of(tp.PROGRAM).read_text()
-    assert text.count(EDIT[0]) == 1
-    folder = tempfile.mkdtemp(prefix="edited-program-")
-    path = os.path.join(folder, tp.PROGRAM)
-    with open(path, "w") as f:
-        f.write(text.replace(EDIT[0], EDIT[1]).replace(
-            "from torch.distributed.tensor.placement_types import Shard",
-            "from torch.distributed.tensor.placement_types import Replicate, Shard"))
-    return path
+    return str(programs.edited_copy(tp.PROGRAM, tempfile.mkdtemp(prefix="edited-program-"), EDIT, (
+        "from torch.distributed.tensor.placement_types import Shard",
+        "from torch.distributed.tensor.placement_types import Replicate, Shard")))
 
 
 def _calls(world: int) -> dict[str, tuple]:

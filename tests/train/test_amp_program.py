@@ -12,14 +12,7 @@ from ddpguide.train import amp_program
 
 
 def _edited(tmp_path, *edits: tuple[str, str]) -> str:
-    """A copy of the program with each ``(old, new)`` replaced (``old`` found once)."""
-    text = programs.path_of(amp_program.PROGRAM).read_text()
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path = tmp_path / amp_program.PROGRAM
-    path.write_text(text)
-    return str(path)
+    return str(programs.edited_copy(amp_program.PROGRAM, tmp_path, *edits))
 
 
 def test_the_images_are_the_programs_digits():
