@@ -9,9 +9,15 @@ dominate, 1 thread a rank):
   second in one process, over the matmul peak that process measured in the same run;
 * gloo's latency-bandwidth model, fitted to timed all-reduces on 2 and 4 ranks
   (:func:`ddpguide.bench.allreduce.measure`), and each layout's step time predicted
-  from it (compute at the FLOPs efficiency of one process on one rank's share of the
-  batch, plus communication of the counted calls) over the measured step:
-  ``step_time_predicted_over_measured_<layout>``;
+  over the measured step, ``step_time_predicted_over_measured_<layout>``: the same
+  layout's step measured on a model 16 times narrower (``--dim 16``) holds what does
+  not grow with the width (the work per operation of DTensor, FSDP2 and the schedule,
+  and the latency of every message); what grows is predicted (compute at the FLOPs
+  efficiency of one process on one rank's share of the batch, times ranks / cores when
+  ranks share cores, plus beta x the bytes on the wire of the counted calls) and the
+  difference from the narrow model added (:func:`ddpguide.gpt.cost.predict_from_narrow`).
+  The plain alpha-beta prediction (compute plus every message's alpha and beta) is in
+  each layout's details;
 * ``bytes_counted_over_predicted``: every kind's counted bytes over the prediction,
   all layouts together (and the worst kind of any layout in the details);
 * ``activation_checkpoint_peak_over_plain``: the growth of the process's peak resident
@@ -24,6 +30,7 @@ dominate, 1 thread a rank):
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -39,6 +46,8 @@ LAYOUTS = (("1 process", 1, ()), ("FSDP2 2", 2, ("--dp-shard", "2")), ("TP 2", 2
 MORE = (("DDP 2", 2, ("--dp-replicate", "2")), ("CP 2", 2, ("--cp", "2")),
         ("FSDP x TP 2 x 2", 4, ("--dp-shard", "2", "--tp", "2")),
         ("PP x FSDP 2 x 2", 4, ("--pp", "2", "--dp-shard", "2")))
+#: the narrow model whose step holds what does not grow with the width
+NARROW = ("--dim", "16")
 KIB = 2**10
 
 
@@ -83,12 +92,15 @@ def run(quick: bool = False) -> Report:
     report.add("gloo latency (alpha)", alpha * 1e6, "us", samples=samples)
     report.add("gloo inverse bandwidth (beta)", 1 / beta / 1e9 if beta > 0 else float("inf"), "GB/s")
     _say(f"gloo alpha-beta: {alpha * 1e6:.1f} us a message, {1 / beta / 1e9:.2f} GB/s")
-    results = {}
+    results, narrow = {}, {}
     for name, ranks, options in layouts:
         results[name] = _run(options, ranks, steps)
+        if ranks > 1:
+            narrow[name] = _run(options, ranks, steps, NARROW)
         progress.update()
         _say(f"{name}: step {results[name]['step_seconds'] * 1e3:.1f} ms, "
-             f"MFU {results[name]['mfu']:.3f}")
+             f"MFU {results[name]['mfu']:.3f}"
+             + (f"; at --dim 16 {narrow[name]['step_seconds'] * 1e3:.1f} ms" if name in narrow else ""))
     single = results["1 process"]
     report.ratios["mfu_one_process"] = single["mfu"]
     efficiency = {1: single["mfu"]}  # ranks -> MFU of one process doing one rank's share
@@ -106,15 +118,21 @@ def run(quick: bool = False) -> Report:
             counted, predicted = counted + v["counted"], predicted + v["predicted"]
             if abs(v["ratio"] - 1) > abs(worst - 1):
                 worst = v["ratio"]
-        report.add(f"{name}: step", result["step_seconds"] * 1e3, "ms", bytes=found["bytes"],
-                   memory_measured_over_predicted=found["memory"], mfu=result["mfu"], **details)
+        extra = {}
         if name != "1 process":
             stages = result["layout"]["pp"]
             ranks = len(result["memory"])
-            ratio = cost.predict_step_seconds(result, (alpha, beta), efficiency[ranks], stages) / \
-                result["step_seconds"]
+            predicted = cost.predict_from_narrow(result, narrow[name], beta, efficiency[ranks], stages,
+                                                 os.cpu_count())
+            ratio = predicted / result["step_seconds"]
+            extra = {"predicted_ms": predicted * 1e3, "narrow_step_ms": narrow[name]["step_seconds"] * 1e3,
+                     "alpha_beta_predicted_over_measured": cost.predict_step_seconds(
+                         result, (alpha, beta), efficiency[ranks], stages) / result["step_seconds"]}
             report.ratios[f"step_time_predicted_over_measured_{_key(name)}"] = ratio
-            _say(f"{name}: predicted / measured step {ratio:.3f}")
+            _say(f"{name}: predicted / measured step {ratio:.3f} (alpha-beta alone "
+                 f"{extra['alpha_beta_predicted_over_measured']:.3f})")
+        report.add(f"{name}: step", result["step_seconds"] * 1e3, "ms", bytes=found["bytes"],
+                   memory_measured_over_predicted=found["memory"], mfu=result["mfu"], **extra, **details)
     report.ratios["bytes_counted_over_predicted"] = counted / predicted
     report.add("bytes counted over predicted, worst kind of any layout", worst, "")
     _say(f"bytes_counted_over_predicted: {counted / predicted:.4f} (worst kind {worst:.4f})")
@@ -144,9 +162,11 @@ def run(quick: bool = False) -> Report:
                eager_first_step=eager["first_step_seconds"])
     _say(f"compile_step_over_eager: {ratio:.3f}")
     report.notes.append(
-        "step time predicted: (model FLOPs / ranks) / (MFU of one process on one rank's share "
-        "of the batch x the matmul peak each rank measured at once) x (m + stages - 1) / m "
-        "under a pipeline, plus every counted call's alpha x ring messages + beta x ring bytes, for the busiest rank")
+        "step time predicted: the same layout's step measured at --dim 16 (what does not grow with "
+        "the width), plus the growth from --dim 16 to the model's width of (model FLOPs / ranks) / "
+        "(MFU of one process on one rank's share of the batch x the matmul peak each rank measured "
+        "at once) x (m + stages - 1) / m under a pipeline x ranks / cores where ranks share cores, "
+        "and of beta x ring bytes of every counted call, for the busiest rank")
     report.notes.append(f"step times: the median over steps 3..{steps} of every rank (the "
                         "first builds AdamW's state, the second runs under the counters)")
     return report

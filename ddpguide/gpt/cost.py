@@ -117,6 +117,32 @@ def communication_seconds(result: dict, fit: tuple[float, float]) -> float:
     return max(per_rank)
 
 
+def growing_seconds(result: dict, beta: float, efficiency: float, pipeline_stages: int = 1,
+                    cores: int | None = None) -> float:
+    """What of a step grows with the model: the busiest rank's compute (as in
+    :func:`predict_step_seconds`, times ranks / cores when the ranks share fewer cores)
+    and its bytes on the wire (beta x ring bytes), with no latency term."""
+    ranks = len(result["memory"])
+    compute = result["predicted"]["flops"] / ranks / (efficiency * result["peak_flops"])
+    if pipeline_stages > 1:
+        m = result.get("microbatches", 2 * pipeline_stages)
+        compute *= (m + pipeline_stages - 1) / m
+    compute *= max(1.0, ranks / (cores or ranks))
+    return compute + communication_seconds(result, (0.0, beta))
+
+
+def predict_from_narrow(result: dict, narrow: dict, beta: float, efficiency: float,
+                        pipeline_stages: int = 1, cores: int | None = None) -> float:
+    """The step of ``result``'s layout from the same layout's measured step on a narrow
+    model (``narrow``): what does not grow with the width (Python, DTensor, FSDP2 and
+    schedule work per operation, gloo's latency per message, which both runs send alike)
+    is taken from the narrow step; what grows with it is predicted for both
+    (:func:`growing_seconds`) and the difference added."""
+    grow = (growing_seconds(result, beta, efficiency, pipeline_stages, cores)
+            - growing_seconds(narrow, beta, efficiency, pipeline_stages, cores))
+    return narrow["step_seconds"] + grow
+
+
 def predict_step_seconds(result: dict, fit: tuple[float, float], efficiency: float,
                          pipeline_stages: int = 1) -> float:
     """Compute (the step's FLOPs shared by the ranks, at ``efficiency`` x the matmul peak

@@ -13,8 +13,10 @@ from ddpguide.gpt.cost import (
     MEMORY,
     compare,
     fit_alpha_beta,
+    growing_seconds,
     measure,
     parse,
+    predict_from_narrow,
     ring_steps,
     wire_bytes,
 )
@@ -88,3 +90,23 @@ def test_fit_alpha_beta_recovers_latency_and_bandwidth():
 def test_fit_alpha_beta_refuses_samples_of_one_shape():
     with pytest.raises(ValueError, match="do not separate latency from bandwidth"):
         fit_alpha_beta([("all_reduce", 2, 0, 1e-4), ("all_reduce", 2, 0, 2e-4)])
+
+
+def _step(flops: float, put_in: float, seconds: float, ranks: int = 4) -> dict:
+    """A --cost result as the bench reads it: every rank the same, one all-reduce a step."""
+    return {"memory": [{}] * ranks, "predicted": {"flops": flops}, "peak_flops": 1e9,
+            "step_seconds": seconds, "calls": [{f"all_reduce/{ranks}": (1, put_in)}] * ranks}
+
+
+def test_the_narrow_model_s_step_plus_what_grows_is_the_prediction():
+    wide, narrow = _step(8e9, 4e6, seconds=9.0), _step(8e7, 4e4, seconds=0.5)
+    beta, efficiency = 1e-9, 0.5
+    # compute: flops / 4 ranks / (0.5 x 1e9), twice as long on 2 cores; wire: 2 (4 - 1) / 4 x bytes x beta
+    grow_wide = 8e9 / 4 / 0.5e9 * 2 + 1.5 * 4e6 * beta
+    grow_narrow = 8e7 / 4 / 0.5e9 * 2 + 1.5 * 4e4 * beta
+    assert predict_from_narrow(wide, narrow, beta, efficiency, cores=2) == pytest.approx(
+        0.5 + grow_wide - grow_narrow, rel=1e-12)
+    # no core sharing with a core per rank; a pipeline of 2 stages and 4 micro-batches is 5/4 longer
+    assert growing_seconds(wide, beta, efficiency, cores=4) == pytest.approx(4.0 + 6e-3, rel=1e-12)
+    assert growing_seconds({**wide, "microbatches": 4}, beta, efficiency, pipeline_stages=2,
+                           cores=4) == pytest.approx(5.0 + 6e-3, rel=1e-12)
