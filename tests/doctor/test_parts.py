@@ -257,6 +257,22 @@ def test_checks_pass_in_a_group_of_one():
     assert all(r["seconds"] > 0 for r in rows)
 
 
+def test_a_sweep_past_its_first_seconds_shows_each_size_on_stderr(capsys):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        quiet = sweep.bandwidth_sweep((4096,), torch.device("cpu"), progress_after_s=3600.0)
+        assert capsys.readouterr() == ("", "")
+        rows = sweep.bandwidth_sweep((4096, 16384), torch.device("cpu"), progress_after_s=0.0)
+    finally:
+        dist.destroy_process_group()
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(quiet) == 1
+    assert captured.err.splitlines() == [
+        f"ddpguide doctor: all_reduce sweep {i + 1}/2: {row['bytes']} bytes, "
+        f"{1e3 * row['seconds']:.3f} ms (rank 0's time)" for i, row in enumerate(rows)]
+
+
 # ---------------------------------------------------------------- report
 
 def rank_record(rank: int, pid: int, connect_ms: float) -> dict:
