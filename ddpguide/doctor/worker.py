@@ -143,7 +143,7 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
     problems = []
     per_rank = {0: mine}
     deadline = time.monotonic() + timeout_s + 10.0
-    silent = []  # the ranks that stopped answering come first: the others only waited for them
+    silent, failed = [], []  # a silent rank is the cause: the others' failures only waited for it
     for rank in sorted(hosts):
         if rank != 0:
             per_rank[rank], still_s = wait_for_result(board, rank, deadline, stale_after_s(timeout_s))
@@ -153,9 +153,9 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
                                       "process is stopped or hung, or its host is down"))
                 continue
         report["collectives"][str(rank)] = per_rank[rank]["collectives"]
-        for check in per_rank[rank]["collectives"]:
-            if not check["ok"]:
-                problems.append(Problem(rank, hosts[rank], f"{check['name']} failed: {check['detail']}"))
+        failed += [Problem(rank, hosts[rank], f"{c['name']} failed: {c['detail']}")
+                   for c in per_rank[rank]["collectives"] if not c["ok"]]
+    problems += [] if silent else failed
     sweeps = {rank: r["sweep"] for rank, r in per_rank.items() if r and r["sweep"]}
     if len(sweeps) == len(hosts):
         report["bandwidth"] = summarize_sweep(sweeps, len(hosts))

@@ -241,3 +241,16 @@ def test_rank_0_stopped_after_the_group_forms_is_named_within_about_one_timeout(
         problems[0]), out
     assert ranks[1].returncode == 1
     assert waited < timeout + 5, (waited, out)
+
+
+def test_local_group_with_a_rank_stopped_in_the_sweep_ends_soon_after_rank_0():
+    # Rank 1 stops itself in the sweep: the parent must not wait for it after rank 0 has
+    # reported; the whole run ends, rank 1 named (never rank 0), nothing left behind.
+    done = doctor(["--timeout", str(TIMEOUT), "--sizes", "4K,64K,1M"],
+                  {"DDPGUIDE_DOCTOR_STOP_IN_SWEEP": "1"}, timeout_s=STARTUP_ALLOWANCE_S + 3 * TIMEOUT + 30)
+    problems = [line for line in done.lines() if line.startswith("PROBLEM")]
+    assert problems and problems[0].startswith(f"PROBLEM rank 1 (host {HOST}): stopped answering during "
+                                               "the collective checks"), done.stdout
+    assert not [line for line in problems if line.startswith("PROBLEM rank 0")], done.stdout
+    assert done.returncode == 1
+    assert summary_seconds(done.stdout) < 3 * TIMEOUT + 10
