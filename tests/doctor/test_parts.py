@@ -417,3 +417,11 @@ def test_small_dev_shm_on_nccl_and_clock_skew_are_problems():
     assert [p.line() for p in storage.clock_problems({1: 0.3, 2: -12.5}, {1: "b", 2: "c"})] == [
         "PROBLEM rank 2 (host c): wall clock -12.5 s from rank 0's (more than 5 s: logs of "
         "different hosts will not line up; run NTP)"]
+
+
+def test_fault_injection_stops_only_the_rank_it_names(monkeypatch):
+    from ddpguide.doctor import watch
+    monkeypatch.setenv(watch.STOP_AFTER_GROUP, "1")
+    watch.fault(0, watch.STOP_AFTER_GROUP)  # not rank 1: returns at once
+    monkeypatch.delenv(watch.STOP_VARIABLE, raising=False)
+    watch.fault(1)  # the sweep's variable is unset
