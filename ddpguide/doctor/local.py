@@ -19,6 +19,8 @@ from ddpguide.doctor.options import Options, watchdog_limit_s
 from ddpguide.launch.torchrun import agent_environment
 
 HOST = "127.0.0.1"
+#: Once rank 0 has printed the report and exited, the others get this long before they are stopped.
+AFTER_RANK_0_S = 5.0
 
 
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
@@ -52,9 +54,11 @@ def run_local(options: Options) -> int:
             processes.append(subprocess.Popen(command, env=rank_environment(rank, options.nproc, port),
                                               stdin=subprocess.DEVNULL))
         while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+            if processes[0].poll() is not None:  # rank 0 reported: a stopped rank is not waited for
+                deadline = min(deadline, time.monotonic() + AFTER_RANK_0_S)
             time.sleep(0.05)
         stuck = [rank for rank, p in enumerate(processes) if p.poll() is None]
-        if stuck:
+        if stuck and processes[0].poll() is None:
             print(f"PROBLEM ranks {stuck} (host {os.uname().nodename}): still running after "
                   f"{watchdog_limit_s(options) + 30:g} s and were stopped", flush=True)
             return 1

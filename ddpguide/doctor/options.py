@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "launcher variables, rendezvous, GPUs, collectives, bandwidth.")
     parser.add_argument("--timeout", metavar="S", default=str(DEFAULT_TIMEOUT_S),
                         help="seconds for the rendezvous and for each collective "
-                             f"(default {DEFAULT_TIMEOUT_S:g})")
+                             f"(default {DEFAULT_TIMEOUT_S:g}); the whole run ends within "
+                             "3 x S + 120 s after start-up (a watchdog per rank)")
     parser.add_argument("--sizes", metavar="LIST", default=None,
                         help="all-reduce sweep message sizes, e.g. 4K,1M,16M, or 'none' "
                              "(default 4K..16M in steps of 4x on the CPU, 4K..1G on GPUs)")

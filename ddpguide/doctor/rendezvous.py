@@ -219,3 +219,45 @@ def wait_for_result(board: Board, rank: int, deadline: float, stale_s: float) ->
         if now - moved > stale_s or now > deadline:
             return None, now - moved
         time.sleep(_POLL_S * 2)
+
+
+class RootWatch:
+    """A follower's watch on rank 0: while open, a thread reads ``beat/0`` through a store
+    client of its own; when the count has not moved (or the store has not replied) for
+    ``limit_s``, ``on_silence(seconds, host)`` is called once (it ends the process).
+
+    Rank 0 hosts the store, so a stopped rank 0 is a store that stops replying: the
+    follower's own calls would wait for it however long torch lets them.
+    """
+
+    def __init__(self, store: dist.Store, prefix: str, limit_s: float, on_silence):
+        self.board, self.limit_s, self.on_silence = Board(store, prefix), limit_s, on_silence
+        self.moved, self.host = time.monotonic(), "?"
+        self._stop = threading.Event()
+
+    def _probe(self) -> None:
+        last = -1
+        while not self._stop.is_set():
+            try:
+                beats = self.board.count("beat/0", 0)
+                if self.host == "?" and self.board.has("facts/0/1"):
+                    self.host = self.board.records([0])[0]["host"]
+            except RendezvousError:
+                return
+            if beats != last:
+                last, self.moved = beats, time.monotonic()
+            self._stop.wait(_POLL_S * 2)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(_POLL_S * 2):
+            if time.monotonic() - self.moved > self.limit_s:
+                self.on_silence(self.limit_s, self.host)
+                return
+
+    def __enter__(self) -> RootWatch:
+        for target in (self._probe, self._watch):
+            threading.Thread(target=target, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -14,13 +15,19 @@ def iterations_for(size: int) -> int:
     return max(3, min(50, (32 * 2 ** 20) // size))
 
 
-def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device,
-                    after_first: Any = None) -> list[dict[str, Any]]:
+#: After this many seconds, rank 0 shows each size on stderr as it is measured (stdout keeps the report).
+PROGRESS_AFTER_S = 3.0
+
+
+def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device, after_first: Any = None,
+                    progress_after_s: float = PROGRESS_AFTER_S) -> list[dict[str, Any]]:
     """This rank's time per all-reduce of each size (float32), after one warm-up call.
 
-    ``after_first`` (tests only) is called once the first size is done.
+    ``after_first`` (tests only) is called once the first size is done. Once the sweep has
+    run ``progress_after_s``, rank 0 writes a line per size to stderr as it is measured.
     """
-    rows = []
+    rows: list[dict[str, Any]] = []
+    begun = time.monotonic()
     for index, size in enumerate(sizes):
         if index == 1 and after_first is not None:
             after_first()
@@ -35,6 +42,9 @@ def bandwidth_sweep(sizes: tuple[int, ...], device: torch.device,
             torch.cuda.synchronize(device)
         rows.append({"bytes": size, "iterations": iterations,
                      "seconds": (time.perf_counter() - started) / iterations})
+        if dist.get_rank() == 0 and time.monotonic() - begun >= progress_after_s:
+            print(f"ddpguide doctor: all_reduce sweep {index + 1}/{len(sizes)}: {size} bytes, "
+                  f"{1e3 * rows[-1]['seconds']:.3f} ms (rank 0's time)", file=sys.stderr, flush=True)
     return rows
 
 

@@ -10,18 +10,15 @@
 4. Every rank joins the process group, checks the collectives and times the
    sweep, and posts its results; rank 0 prints the report and posts the end.
 
-A watchdog thread ends the rank with a PROBLEM line if the whole takes longer
-than it possibly should, so the doctor never hangs whatever torch does.
+A watchdog thread ends the rank with a PROBLEM line at the stated bound.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 import uuid
 from typing import Any, Mapping
@@ -46,6 +43,7 @@ from ddpguide.doctor.rendezvous import (
     Board,
     Heartbeat,
     RendezvousError,
+    RootWatch,
     check_resolves,
     host_store,
     join_store,
@@ -68,16 +66,7 @@ from ddpguide.doctor.sweep import (
     summarize_links,
     summarize_sweep,
 )
-
-
-def _start_watchdog(limit_s: float, rank: str, host: str, phase: list[str]) -> None:
-    def expire() -> None:
-        print(Problem(rank, host, f"the doctor itself did not finish within {limit_s:g} s "
-                      f"(stuck while {phase[0]})").line(), flush=True)
-        os._exit(1)
-    timer = threading.Timer(limit_s, expire)
-    timer.daemon = True
-    timer.start()
+from ddpguide.doctor.watch import STOP_AFTER_GROUP, fault, root_silent, start_watchdog
 
 
 def _leave_word(environ: Mapping[str, str], rank: str, host: str, message: str,
@@ -122,13 +111,14 @@ def _collectives(identity: Identity, runtime: Runtime, board: Board,
         dist.init_process_group(runtime.backend, store=dist.PrefixStore(board.prefix + "pg/", board.store),
                                 rank=identity.rank, world_size=identity.world_size,
                                 timeout=datetime.timedelta(seconds=options.timeout_s))
+        fault(identity.rank, STOP_AFTER_GROUP)
         # monitored_barrier exists on gloo only; with nccl it runs on a gloo side group.
         monitor = None if runtime.backend == "gloo" else dist.new_group(backend="gloo")
         result["collectives"] = check_collectives(identity.rank, identity.world_size, device,
                                                   options.timeout_s, monitor)
         sizes = options.sizes_for(device.type)
         if all(r["ok"] for r in result["collectives"]) and sizes:
-            result["sweep"] = bandwidth_sweep(sizes, device, after_first=lambda: _fault(identity.rank))
+            result["sweep"] = bandwidth_sweep(sizes, device, after_first=lambda: fault(identity.rank))
             result["links"] = link_times(min(max(sizes), MAX_LINK_BYTES), device)
     except Exception as error:
         result["collectives"].append({"name": "process group", "ok": False, "ms": 0.0,
@@ -137,15 +127,6 @@ def _collectives(identity: Identity, runtime: Runtime, board: Board,
         if dist.is_initialized():
             dist.destroy_process_group()
     return result
-
-
-#: Fault injection for the tests: this rank stops itself (SIGSTOP) after the sweep's first size.
-STOP_VARIABLE = "DDPGUIDE_DOCTOR_STOP_IN_SWEEP"
-
-
-def _fault(rank: int) -> None:
-    if os.environ.get(STOP_VARIABLE, "").strip() == str(rank):
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def stale_after_s(timeout_s: float) -> float:
@@ -162,7 +143,7 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
     problems = []
     per_rank = {0: mine}
     deadline = time.monotonic() + timeout_s + 10.0
-    silent = []  # the ranks that stopped answering come first: the others only waited for them
+    silent, failed = [], []  # a silent rank is the cause: the others' failures only waited for it
     for rank in sorted(hosts):
         if rank != 0:
             per_rank[rank], still_s = wait_for_result(board, rank, deadline, stale_after_s(timeout_s))
@@ -172,9 +153,9 @@ def _collect(board: Board, records: list[dict[str, Any]], mine: dict[str, Any],
                                       "process is stopped or hung, or its host is down"))
                 continue
         report["collectives"][str(rank)] = per_rank[rank]["collectives"]
-        for check in per_rank[rank]["collectives"]:
-            if not check["ok"]:
-                problems.append(Problem(rank, hosts[rank], f"{check['name']} failed: {check['detail']}"))
+        failed += [Problem(rank, hosts[rank], f"{c['name']} failed: {c['detail']}")
+                   for c in per_rank[rank]["collectives"] if not c["ok"]]
+    problems += [] if silent else failed
     sweeps = {rank: r["sweep"] for rank, r in per_rank.items() if r and r["sweep"]}
     if len(sweeps) == len(hosts):
         report["bandwidth"] = summarize_sweep(sweeps, len(hosts))
@@ -265,7 +246,7 @@ def run_rank(options: Options, environ: Mapping[str, str] | None = None) -> int:
     host = socket.gethostname()
     raw_rank = environ.get("RANK", "?").strip() or "?"
     phase = ["reading the launcher's variables"]
-    _start_watchdog(watchdog_limit_s(options), raw_rank, host, phase)
+    start_watchdog(watchdog_limit_s(options), raw_rank, host, phase)
     try:
         identity = read_identity(environ)
         gpu_inventory(environ)  # an invalid simulated GPU count is reported here
@@ -289,8 +270,11 @@ def run_rank(options: Options, environ: Mapping[str, str] | None = None) -> int:
         board = Board(store, key_prefix(environ))
         board.register(identity.rank, rank_facts(identity, runtime, environ, connect_ms))
         if identity.rank == 0:
-            return _lead(board, identity, runtime, options, report, started, phase)
-        return _follow(board, identity, runtime, options, host, phase)
+            with Heartbeat(board, 0):  # the followers watch it (RootWatch)
+                return _lead(board, identity, runtime, options, report, started, phase)
+        with RootWatch(join_store(identity, options.timeout_s), board.prefix, options.timeout_s,
+                       root_silent):
+            return _follow(board, identity, runtime, options, host, phase)
     except RendezvousError as error:
         problem = Problem(identity.rank, host, str(error))
         if identity.rank != 0:

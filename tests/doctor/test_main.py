@@ -196,3 +196,61 @@ def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bou
         r"host is down", problems[0]), out
     assert ranks[0].returncode == 1
     assert summary_seconds(out) < 3 * TIMEOUT + 10
+
+
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_rank_0_stopped_after_the_group_forms_is_named_within_about_one_timeout():
+    # Rank 0 stops itself (SIGSTOP) right after the process group forms, with the store it hosts.
+    # Rank 1 must name rank 0 within about one timeout of that moment, not wait for a report.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    timeout = 10
+    port = free_port()
+    ranks = [start([sys.executable, "-m", "ddpguide.doctor", "--timeout", str(timeout),
+                    "--sizes", "4K"], hand_env(r, 2, port, DDPGUIDE_DOCTOR_STOP_AFTER_GROUP="0"))
+             for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + STARTUP_ALLOWANCE_S
+        while not _stopped(ranks[0].pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stopped(ranks[0].pid), "rank 0 never stopped"
+        stopped_at = time.monotonic()
+        try:
+            out, _ = ranks[1].communicate(timeout=2 * timeout + 30)
+        except subprocess.TimeoutExpired:
+            out = "rank 1 did not finish"
+        waited = time.monotonic() - stopped_at
+    finally:
+        for process in ranks:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+    problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
+    assert problems and re.fullmatch(
+        rf"PROBLEM rank 0 \(host {re.escape(HOST)}\): stopped answering \(no heartbeat for {timeout} s\): "
+        r"the process is stopped or hung, or its host is down",
+        problems[0]), out
+    assert ranks[1].returncode == 1
+    assert waited < timeout + 5, (waited, out)
+
+
+def test_local_group_with_a_rank_stopped_in_the_sweep_ends_soon_after_rank_0():
+    # Rank 1 stops itself in the sweep: the parent must not wait for it after rank 0 has
+    # reported; the whole run ends, rank 1 named (never rank 0), nothing left behind.
+    done = doctor(["--timeout", str(TIMEOUT), "--sizes", "4K,64K,1M"],
+                  {"DDPGUIDE_DOCTOR_STOP_IN_SWEEP": "1"}, timeout_s=STARTUP_ALLOWANCE_S + 3 * TIMEOUT + 30)
+    problems = [line for line in done.lines() if line.startswith("PROBLEM")]
+    assert problems and problems[0].startswith(f"PROBLEM rank 1 (host {HOST}): stopped answering during "
+                                               "the collective checks"), done.stdout
+    assert not [line for line in problems if line.startswith("PROBLEM rank 0")], done.stdout
+    assert done.returncode == 1
+    assert summary_seconds(done.stdout) < 3 * TIMEOUT + 10

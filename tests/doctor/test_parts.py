@@ -257,6 +257,22 @@ def test_checks_pass_in_a_group_of_one():
     assert all(r["seconds"] > 0 for r in rows)
 
 
+def test_a_sweep_past_its_first_seconds_shows_each_size_on_stderr(capsys):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        quiet = sweep.bandwidth_sweep((4096,), torch.device("cpu"), progress_after_s=3600.0)
+        assert capsys.readouterr() == ("", "")
+        rows = sweep.bandwidth_sweep((4096, 16384), torch.device("cpu"), progress_after_s=0.0)
+    finally:
+        dist.destroy_process_group()
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(quiet) == 1
+    assert captured.err.splitlines() == [
+        f"ddpguide doctor: all_reduce sweep {i + 1}/2: {row['bytes']} bytes, "
+        f"{1e3 * row['seconds']:.3f} ms (rank 0's time)" for i, row in enumerate(rows)]
+
+
 # ---------------------------------------------------------------- report
 
 def rank_record(rank: int, pid: int, connect_ms: float) -> dict:
@@ -401,3 +417,11 @@ def test_small_dev_shm_on_nccl_and_clock_skew_are_problems():
     assert [p.line() for p in storage.clock_problems({1: 0.3, 2: -12.5}, {1: "b", 2: "c"})] == [
         "PROBLEM rank 2 (host c): wall clock -12.5 s from rank 0's (more than 5 s: logs of "
         "different hosts will not line up; run NTP)"]
+
+
+def test_fault_injection_stops_only_the_rank_it_names(monkeypatch):
+    from ddpguide.doctor import watch
+    monkeypatch.setenv(watch.STOP_AFTER_GROUP, "1")
+    watch.fault(0, watch.STOP_AFTER_GROUP)  # not rank 1: returns at once
+    monkeypatch.delenv(watch.STOP_VARIABLE, raising=False)
+    watch.fault(1)  # the sweep's variable is unset
