@@ -122,10 +122,10 @@ def run(quick: bool = False) -> Report:
         if name != "1 process":
             stages = result["layout"]["pp"]
             ranks = len(result["memory"])
-            predicted = cost.predict_from_narrow(result, narrow[name], beta, efficiency[ranks], stages,
-                                                 os.cpu_count())
-            ratio = predicted / result["step_seconds"]
-            extra = {"predicted_ms": predicted * 1e3, "narrow_step_ms": narrow[name]["step_seconds"] * 1e3,
+            step = cost.predict_from_narrow(result, narrow[name], beta, efficiency[ranks], stages,
+                                            os.cpu_count())
+            ratio = step / result["step_seconds"]
+            extra = {"predicted_ms": step * 1e3, "narrow_step_ms": narrow[name]["step_seconds"] * 1e3,
                      "alpha_beta_predicted_over_measured": cost.predict_step_seconds(
                          result, (alpha, beta), efficiency[ranks], stages) / result["step_seconds"]}
             report.ratios[f"step_time_predicted_over_measured_{_key(name)}"] = ratio
