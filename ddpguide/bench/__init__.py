@@ -18,8 +18,9 @@ SUITES = {
     "compile": "torch.compile over DDP against eager DDP: step time (chapter 1)",
     "context": "ring attention against full attention: time, memory, balance, bytes (chapter 11)",
     "experts": "expert parallelism: all-to-all bytes, throughput and a hot expert (chapter 12)",
-    "gpt": "the GPT on several layouts: bytes counted against predicted, MFU, step time from "
-           "an alpha-beta model of gloo, activation checkpointing, compile (chapter 14)",
+    "gpt": "the GPT on several layouts: bytes counted against predicted, MFU, step time predicted "
+           "from a narrow model's step and the growth of compute and bytes, activation checkpointing, "
+           "compile (chapter 14)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

@@ -143,7 +143,8 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
                                                "the formulas of cost.py, every kind and layout",
                                                "", "= 1.000"),
         **{f"step_time_predicted_over_measured_{key}": Anchor(
-            f"step time, alpha-beta model + FLOPs / measured, {name}", "", "0.8-1.25")
+            f"step time predicted (the step at --dim 16 + the growth of FLOPs and bytes) / measured, {name}",
+            "", "0.8-1.25")
            for key, name in (("fsdp2_2", "FSDP2 2"), ("tp_2", "TP 2"), ("pp_2", "PP 2"),
                              ("ddp_2", "DDP 2"), ("cp_2", "CP 2"),
                              ("fsdp_x_tp_2_x_2", "FSDP x TP 2 x 2"),
