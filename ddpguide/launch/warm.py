@@ -20,10 +20,11 @@ start asks for values of those that the server was not started with, it uses
 ``spawn`` (the benchmarks, which set ``MALLOC_*``, do).
 ``DDPGUIDE_START_METHOD=spawn`` makes every start a fresh interpreter.
 
-The server is started once per process, on first use, and dies with it: the
-server imports this module, which asks the kernel to kill the server when its
-parent goes (its forked ranks hold the server's "parent alive" pipe open, so
-the server would not notice by itself), and each rank asks the same of the server.
+The server is started once per process, on first use (again when the process has
+changed such a variable since), and dies with it: the server imports this module,
+which asks the kernel to kill the server when its parent goes (its forked ranks
+hold the server's "parent alive" pipe open, so the server would not notice by
+itself), and each rank asks the same of the server.
 """
 
 from __future__ import annotations
@@ -57,38 +58,65 @@ def exec_time_variables(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def start_method(environ: Mapping[str, str]) -> str:
-    """``"forkserver"`` or ``"spawn"`` for ranks whose environment will be ``environ``."""
+    """``"forkserver"`` or ``"spawn"`` for ranks whose environment will be ``environ``: a
+    fresh interpreter when asked for, or when the call's own variables (``env=``) change
+    one that only a fresh interpreter reads."""
     if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn" or not sys.platform.startswith("linux"):
         return "spawn"
-    wanted = exec_time_variables(environ)
-    if _server_environment is None:
-        return "forkserver"  # started with the caller's environment, see context()
-    return "forkserver" if wanted == _server_environment else "spawn"
+    return "forkserver" if exec_time_variables(environ) == exec_time_variables(os.environ) else "spawn"
 
 
 def context(environ: Mapping[str, str]) -> Any:
-    """The multiprocessing context for ranks whose environment will be ``environ``; the
-    server is started here, on first use, with this process's environment."""
+    """The multiprocessing context for ranks whose environment will be ``environ``.
+
+    The server runs with this process's environment: it is started on first use, and
+    started again when this process has changed a variable that only a fresh interpreter
+    reads since (a notebook cell that sets one, a library that sets one for itself), or
+    when it has died."""
     import torch.multiprocessing as mp
 
-    method = start_method(environ)
-    if method == "spawn":
+    if start_method(environ) == "spawn":
         return mp.get_context("spawn")
     global _server_environment
-    if _server_environment is None:
-        mine = exec_time_variables(os.environ)
-        if exec_time_variables(environ) != mine:
-            return mp.get_context("spawn")
-        from multiprocessing import forkserver
-
-        os.environ[PARENT_ENV] = str(os.getpid())  # for the server only, see the module's end
-        try:
-            multiprocessing.set_forkserver_preload([__name__, *PRELOAD])
-            forkserver.ensure_running()
-        finally:
-            del os.environ[PARENT_ENV]
+    mine = exec_time_variables(os.environ)
+    pid = server_pid()
+    if _server_environment != mine or pid is None or _has_exited(pid):
+        if pid is not None:
+            _stop(pid)
+        _start()
         _server_environment = mine
     return mp.get_context("forkserver")
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the server has exited (not reaped: multiprocessing reaps it itself)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _stop(pid: int) -> None:
+    """Kill the server (its ranks die with it) and wait until it has exited, leaving it to
+    multiprocessing to reap and start anew."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _start() -> None:
+    from multiprocessing import forkserver
+
+    os.environ[PARENT_ENV] = str(os.getpid())  # for the server only, see the module's end
+    try:
+        multiprocessing.set_forkserver_preload([__name__, *PRELOAD])
+        forkserver.ensure_running()
+    finally:
+        del os.environ[PARENT_ENV]
 
 
 def server_pid() -> int | None:

@@ -27,13 +27,12 @@ def test_exec_time_variables_are_those_a_fresh_interpreter_reads():
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
 
 
-def test_the_start_method_is_spawn_when_asked_or_when_the_server_lacks_a_setting(monkeypatch):
-    monkeypatch.setattr(warm, "_server_environment", {})
+def test_the_start_method_is_spawn_when_asked_or_when_the_call_changes_a_setting(monkeypatch):
     monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
-    assert warm.start_method({"RANK": "1", "OMP_NUM_THREADS": "2"}) == "forkserver"
-    assert warm.start_method({"MALLOC_TRIM_THRESHOLD_": "1"}) == "spawn"
+    assert warm.start_method({**os.environ, "RANK": "1", "OMP_NUM_THREADS": "2"}) == "forkserver"
+    assert warm.start_method({**os.environ, "MALLOC_TRIM_THRESHOLD_": "1"}) == "spawn"
     monkeypatch.setenv(warm.START_METHOD_ENV, "spawn")
-    assert warm.start_method({}) == "spawn"
+    assert warm.start_method(dict(os.environ)) == "spawn"
 
 
 def test_a_warm_start_replaces_the_environment_and_sends_output_to_the_log(tmp_path):
@@ -118,3 +117,16 @@ def test_a_variable_torch_reads_on_import_reaches_the_rank(monkeypatch):
     monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
     levels = spawn(spawn_workers.debug_level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, echo=False)
     assert levels == ["DETAIL", "DETAIL"]
+
+
+@pytest.mark.multiprocess
+def test_a_setting_this_process_changes_starts_the_server_again(monkeypatch):
+    """A notebook cell (or a library) that sets such a variable gets a server that read it."""
+    monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
+    before = spawn(spawn_workers.parent_and_variables, 2, (), echo=False)[0]["parent"]
+    assert before == warm.server_pid()
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert spawn(spawn_workers.debug_level, 2, echo=False) == ["DETAIL", "DETAIL"]
+    after = warm.server_pid()
+    assert after not in (None, before)
+    assert spawn(spawn_workers.parent_and_variables, 2, (), echo=False)[0]["parent"] == after
