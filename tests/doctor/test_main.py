@@ -168,8 +168,6 @@ def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bou
     # Rank 1 stops itself (SIGSTOP) after the sweep's first size: rank 0's next all-reduce times
     # out after TIMEOUT s; then rank 1's heartbeat has stood still, so rank 0 names it (not
     # itself) and ends, well within the stated bound (every rank's watchdog, 3 x timeout + 120 s).
-    import os
-    import signal
     import subprocess
 
     port = free_port()
@@ -182,12 +180,7 @@ def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bou
     except subprocess.TimeoutExpired:
         out, stopped = "rank 0 did not finish", None
     finally:
-        for process in ranks:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        kill_all(ranks)
     assert stopped, out
     problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
     assert problems and re.fullmatch(
@@ -198,6 +191,19 @@ def test_a_rank_stopped_in_the_middle_of_the_sweep_is_named_first_within_the_bou
     assert summary_seconds(out) < 3 * TIMEOUT + 10
 
 
+def kill_all(ranks) -> None:
+    """SIGKILL each rank's process group (its torch threads and children too), and reap it."""
+    import os
+    import signal
+
+    for process in ranks:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] == "T"
@@ -206,8 +212,6 @@ def _stopped(pid: int) -> bool:
 def test_rank_0_stopped_after_the_group_forms_is_named_within_about_one_timeout():
     # Rank 0 stops itself (SIGSTOP) right after the process group forms, with the store it hosts.
     # Rank 1 must name rank 0 within about one timeout of that moment, not wait for a report.
-    import os
-    import signal
     import subprocess
     import time
 
@@ -228,12 +232,7 @@ def test_rank_0_stopped_after_the_group_forms_is_named_within_about_one_timeout(
             out = "rank 1 did not finish"
         waited = time.monotonic() - stopped_at
     finally:
-        for process in ranks:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        kill_all(ranks)
     problems = [line for line in out.splitlines() if line.startswith("PROBLEM")]
     assert problems and re.fullmatch(
         rf"PROBLEM rank 0 \(host {re.escape(HOST)}\): stopped answering \(no heartbeat for {timeout} s\): "
