@@ -80,8 +80,9 @@ def context(environ: Mapping[str, str]) -> Any:
     global _server_environment
     mine = exec_time_variables(os.environ)
     pid = server_pid()
-    if _server_environment != mine or pid is None or _has_exited(pid):
-        if pid is not None:
+    exited = pid is None or _has_exited(pid)
+    if _server_environment != mine or exited:
+        if pid is not None and not exited:  # never signal a pid another process may have now
             _stop(pid)
         _start()
         _server_environment = mine
