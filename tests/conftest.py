@@ -1,5 +1,12 @@
 """Shared fixtures: every test must leave no child process behind, and a test that starts
-a process is marked ``multiprocess`` (``tests/process_marks.py``)."""
+a process is marked ``multiprocess`` (``tests/process_marks.py``).
+
+A book program that a test runs through ``ddpguide.launch.programs.run`` has its ranks
+forked from the warm server, with the variables torchrun gives its workers
+(``ddpguide.launch.forked``): seconds less per run, the same program. A test marked
+``typed`` runs the command as typed, torchrun and fresh interpreters, as the chapters
+(executed by ``make test``) run every program.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +14,14 @@ import os
 
 import pytest
 
+from ddpguide.launch import forked
 from tests.process_guard import guard
 from tests.process_marks import ProcessWatch, mark_items
 
 
 def pytest_configure(config):
     config._process_watch = ProcessWatch()
+    os.environ[forked.MODE_ENV] = "forked"  # before any fixture, session-wide ones included
 
 
 def pytest_unconfigure(config):
@@ -38,6 +47,13 @@ def pytest_runtest_call(item):
     result = yield
     item.config._process_watch.check(item)
     return result
+
+
+@pytest.fixture(autouse=True)
+def program_launch(request, monkeypatch):
+    """Programs run as typed in a test marked ``typed``, forked in every other."""
+    if request.node.get_closest_marker("typed"):
+        monkeypatch.setenv(forked.MODE_ENV, "command")
 
 
 @pytest.fixture(autouse=True)

@@ -37,6 +37,8 @@ import pytest
 import websocket
 import yaml
 
+from ddpguide.launch import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 sys.path.insert(0, str(ROOT / "tools"))
@@ -171,7 +173,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     token = secrets.token_hex(16)
     command = lab_command(["--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
                            f"--IdentityProvider.token={token}"])
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+    # the chapters run their programs as typed, as a reader's JupyterLab does
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), forked.MODE_ENV: "command"}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)

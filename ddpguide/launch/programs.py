@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Sequence
 
 from ddpguide.core.processes import descendants, signal_all
+from ddpguide.launch import forked
 
 #: Where the programs live in a checkout.
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -174,15 +175,34 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     copy_program(name, folder)
     command = [*launcher, source.name, *args]
     shown = " ".join(shlex.quote(part) for part in command)
-    executable = {"python": [sys.executable],
-                  "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
-    argv = [*executable.get(command[0], [command[0]]), *command[1:]]
     if echo:
         print(f"$ {shown}", flush=True)
     started = time.monotonic()
+    nproc = forked.ranks_of(launcher) if forked.enabled() else None
+    done = None if nproc is None else forked.run(
+        folder, command[len(launcher):], nproc, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        timeout, (lambda text: print(text, end="", flush=True)) if echo else None)
+    if done is None:  # the command as typed
+        done = _run_command(command, folder, env or {}, timeout, echo)
+    seconds = time.monotonic() - started
+    if done.timed_out:
+        raise ProgramTimeout(f"`{shown}` did not finish within {timeout:g} s and was stopped")
+    if expect is not None and done.returncode != expect:
+        tail = "\n".join(done.output.splitlines()[-30:])
+        raise ProgramFailed(f"`{shown}` exited with {done.returncode} (expected {expect}):\n{tail}")
+    return ProgramRun(shown, done.returncode, done.output, seconds, folder)
+
+
+def _run_command(command: list[str], folder: Path, env: dict[str, str], timeout: float,
+                 echo: bool) -> forked.Ended:
+    """``command`` in ``folder``, as a reader types it (``python`` and ``torchrun`` are this
+    interpreter's), its output read line by line; killed with all its processes at ``timeout``."""
+    executable = {"python": [sys.executable],
+                  "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
+    argv = [*executable.get(command[0], [command[0]]), *command[1:]]
     process = subprocess.Popen(
         argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
     output: list[str] = []
     killer = _Deadline(process, timeout)
     assert process.stdout is not None  # stdout=PIPE
@@ -195,14 +215,7 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     finally:
         killer.cancel()
         _kill_group(process)
-    seconds = time.monotonic() - started
-    text = "".join(output)
-    if killer.fired:
-        raise ProgramTimeout(f"`{shown}` did not finish within {timeout:g} s and was stopped")
-    if expect is not None and process.returncode != expect:
-        tail = "\n".join(text.splitlines()[-30:])
-        raise ProgramFailed(f"`{shown}` exited with {process.returncode} (expected {expect}):\n{tail}")
-    return ProgramRun(shown, process.returncode, text, seconds, folder)
+    return forked.Ended(process.returncode, "".join(output), killer.fired)
 
 
 class _Deadline:

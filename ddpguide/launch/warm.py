@@ -41,7 +41,7 @@ START_METHOD_ENV = "DDPGUIDE_START_METHOD"
 #: what the server imports once for every rank
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.checkpoint",
-           "ddpguide.launch.child")
+           "ddpguide.launch.child", "ddpguide.launch.forked")
 #: variables read when an interpreter or a library starts, not later
 EXEC_TIME_PREFIXES = ("MALLOC_", "LD_", "PYTHON", "GLIBC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
                       "TORCH", "NCCL_", "CUDA_")
@@ -57,16 +57,21 @@ def exec_time_variables(environ: Mapping[str, str]) -> dict[str, str]:
             if key.startswith(EXEC_TIME_PREFIXES) and key not in SET_BY_THE_RANK}
 
 
-def start_method(environ: Mapping[str, str]) -> str:
+def start_method(environ: Mapping[str, str], set_by_the_rank: frozenset[str] = frozenset()) -> str:
     """``"forkserver"`` or ``"spawn"`` for ranks whose environment will be ``environ``: a
     fresh interpreter when asked for, or when the call's own variables (``env=``) change
-    one that only a fresh interpreter reads."""
+    one that only a fresh interpreter reads (except ``set_by_the_rank``, which the rank
+    applies itself)."""
     if os.environ.get(START_METHOD_ENV, "forkserver") == "spawn" or not sys.platform.startswith("linux"):
         return "spawn"
-    return "forkserver" if exec_time_variables(environ) == exec_time_variables(os.environ) else "spawn"
+    mine, theirs = exec_time_variables(os.environ), exec_time_variables(environ)
+    for key in set_by_the_rank:
+        mine.pop(key, None)
+        theirs.pop(key, None)
+    return "forkserver" if mine == theirs else "spawn"
 
 
-def context(environ: Mapping[str, str]) -> Any:
+def context(environ: Mapping[str, str], set_by_the_rank: frozenset[str] = frozenset()) -> Any:
     """The multiprocessing context for ranks whose environment will be ``environ``.
 
     The server runs with this process's environment: it is started on first use, and
@@ -75,7 +80,7 @@ def context(environ: Mapping[str, str]) -> Any:
     when it has died."""
     import torch.multiprocessing as mp
 
-    if start_method(environ) == "spawn":
+    if start_method(environ, set_by_the_rank) == "spawn":
         return mp.get_context("spawn")
     global _server_environment
     mine = exec_time_variables(os.environ)
@@ -130,20 +135,21 @@ def server_pid() -> int | None:
 @dataclass(frozen=True)
 class WarmStart:
     """What a forked rank sets first: the environment it would have been spawned with,
-    and its log file as standard output and error."""
+    and its log file as standard output and error (``errors``: another file for the error)."""
 
     environ: dict[str, str]
     log: str
+    errors: str | None = None
 
     def apply(self) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os.environ.clear()
         os.environ.update(self.environ)
-        fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        for target, path in ((1, self.log), (2, self.errors or self.log)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 if os.environ.get(PARENT_ENV) == str(os.getppid()):

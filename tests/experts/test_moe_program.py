@@ -132,6 +132,7 @@ def test_a_rank_other_than_0_exits_2_silently(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "")
 
 
+@pytest.mark.typed  # torchrun's own stopping of the workers and its report
 @pytest.mark.timeout(200)
 def test_under_torchrun_rank_0_says_why_before_the_job_stops():
     """The other ranks wait for rank 0 to print: torchrun stops all workers when one exits."""

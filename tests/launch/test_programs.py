@@ -29,6 +29,7 @@ def fake_programs(tmp_path, monkeypatch):
     return folder
 
 
+@pytest.mark.typed
 @pytest.mark.multiprocess
 def test_a_program_runs_alone_in_a_fresh_folder_with_the_readers_command(fake_programs, capsys):
     done = programs.run("hello.py", "--epochs", "2")
@@ -37,6 +38,7 @@ def test_a_program_runs_alone_in_a_fresh_folder_with_the_readers_command(fake_pr
     assert capsys.readouterr().out.splitlines()[0] == "$ python hello.py --epochs 2"
 
 
+@pytest.mark.typed
 @pytest.mark.multiprocess
 def test_an_unexpected_exit_status_raises_with_the_output(fake_programs):
     with pytest.raises(programs.ProgramFailed, match=r"`python fails.py` exited with 3 "
@@ -46,6 +48,7 @@ def test_an_unexpected_exit_status_raises_with_the_output(fake_programs):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.typed
 @pytest.mark.multiprocess
 def test_a_program_past_its_time_is_killed_with_everything_it_started(fake_programs):
     started = time.monotonic()

@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
-from ddpguide.launch import programs
+from ddpguide.launch import forked, programs
 from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE, processes_of_launch
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -72,12 +72,37 @@ def start(argv: list[str], cwd: Path, launch_id: str, env: dict[str, str] | None
                             start_new_session=True)
 
 
+def forkable(argv: list[str]) -> tuple[int, list[str]] | None:
+    """``(ranks, [program, *args])`` when forked ranks can stand for ``argv``
+    (``ddpguide.launch.forked``): ``PYTHON prog.py ...`` or ``TORCHRUN --standalone
+    --nproc-per-node=N prog.py ...``; else None."""
+    at = next((i for i, part in enumerate(argv) if part.endswith(".py")), None)
+    if at is None or not forked.enabled():
+        return None
+    names = {PYTHON: "python", TORCHRUN: "torchrun"}
+    nproc = forked.ranks_of([names.get(argv[0], argv[0]), *argv[1:at]])
+    return None if nproc is None else (nproc, argv[at:])
+
+
 def run(argv: list[str], cwd: Path, timeout: float,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` to its end, at most ``timeout`` s; fail the test (all killed) past that."""
+    """Run ``argv`` to its end, at most ``timeout`` s; fail the test (all killed) past that.
+
+    Its ranks are forked warm when they can be and the test is not marked ``typed``
+    (``tests/conftest.py``)."""
     launch_id = uuid.uuid4().hex
-    process = start(argv, cwd, launch_id, env)
     began = time.monotonic()
+    program = forkable(argv)
+    done = None if program is None else forked.run(
+        cwd, program[1], program[0], reader_environment(launch_id, env), timeout, separate_errors=True)
+    if done is not None:
+        if done.timed_out:
+            pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{done.output[-3000:]}"
+                        f"\n--- stderr\n{(done.errors or '')[-3000:]}")
+        result = subprocess.CompletedProcess(argv, done.returncode, done.output, done.errors)
+        result.seconds = time.monotonic() - began
+        return result
+    process = start(argv, cwd, launch_id, env)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
