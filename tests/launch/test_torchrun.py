@@ -147,8 +147,8 @@ def test_a_hanging_launch_is_stopped_with_all_its_workers(tmp_path):
     agent = agents.Agent("hang", ("--standalone", "--nproc-per-node=2"), "sh",
                      ("-c", f'touch "{tmp_path}/started.$LOCAL_RANK"; exec sleep 600'),
                      no_python=True)
-    with pytest.raises(agents.TorchrunTimeout, match=r"did not finish within 30 s") as info:
-        agents.run_agents([agent], timeout=30)
+    with pytest.raises(agents.TorchrunTimeout, match=r"did not finish within 12 s") as info:
+        agents.run_agents([agent], timeout=12)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["started.0", "started.1"]
     _assert_nothing_left(info.value.launch_id)
 
