@@ -66,8 +66,12 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory linkcheck
 	$(MAKE) --no-print-directory test-browser
 
+# Two pytest-xdist workers: about half of the package tests' time is spent waiting (a
+# collective's timeout, an agent that joins late), which the other worker fills. A file's
+# tests run in one worker (tests/conftest.py); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test-package: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/browser --durations=25
+	$(PY) -m pytest tests --ignore=tests/browser --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 # Every package test that starts no process: no process group, no subprocess. A test that
 # starts one is marked `multiprocess` (tests/process_marks.py) and left out here.

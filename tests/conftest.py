@@ -33,6 +33,24 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     mark_items(items)
+    if config.pluginmanager.hasplugin("xdist"):
+        groups = worker_groups(items)
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+
+
+def worker_groups(items) -> dict[str, str]:
+    """Test file -> the pytest-xdist worker group it runs in (``make test`` runs
+    ``--dist loadgroup``): a file's tests together, so that its module fixtures start
+    once, and the files that use one of this suite's session fixtures together, so
+    that it runs once."""
+    shared: dict[str, set[str]] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        names = shared.setdefault(item.nodeid.split("::")[0], set())
+        names.update(name for name, defs in (info.name2fixturedefs.items() if info else ())
+                     if defs and defs[-1].scope == "session" and defs[-1].baseid.startswith("tests"))
+    return {path: f"session fixture {min(names)}" if names else path for path, names in shared.items()}
 
 
 @pytest.hookimpl(tryfirst=True)

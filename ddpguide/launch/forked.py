@@ -85,10 +85,12 @@ def torchrun_variables(rank: int, nproc: int, port: int, run_id: str, error_file
 
 @dataclass(frozen=True)
 class ProgramRank:
-    """What a forked rank runs: ``argv[0]`` (a path in ``folder``) as ``__main__``."""
+    """What a forked rank runs: ``argv[0]`` (a path in ``folder``) as ``__main__``;
+    ``unbuffered`` as ``python -u`` (torchrun starts its workers so)."""
 
     folder: str
     argv: tuple[str, ...]
+    unbuffered: bool = False
 
 
 def rank_entry(rank: ProgramRank, start: warm.WarmStart) -> None:
@@ -103,9 +105,9 @@ def rank_entry(rank: ProgramRank, start: warm.WarmStart) -> None:
 
 
 def _run_program(rank: ProgramRank) -> int:
-    # the streams a fresh interpreter opens on files: unbuffered under PYTHONUNBUFFERED,
-    # else standard output in blocks and standard error by line
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    # the streams a fresh interpreter opens on files: unbuffered under python -u or
+    # PYTHONUNBUFFERED, else standard output in blocks and standard error by line
+    unbuffered = rank.unbuffered or bool(os.environ.get("PYTHONUNBUFFERED"))
     for fd, name in ((1, "stdout"), (2, "stderr")):
         raw = io.FileIO(fd, "w", closefd=False)
         setattr(sys, name, io.TextIOWrapper(
@@ -179,7 +181,7 @@ def run(folder: Path, argv: Sequence[str], nproc: int, environ: Mapping[str, str
         for number, env in enumerate(environs):
             start = warm.WarmStart(env, str(output), str(errors) if separate_errors else None)
             process = ctx.Process(target=rank_entry, name=f"{argv[0]}-rank{number}",
-                                  args=(ProgramRank(str(folder), tuple(argv)), start))
+                                  args=(ProgramRank(str(folder), tuple(argv), unbuffered=nproc > 0), start))
             process.start()
             processes.append(process)
         deadline = time.monotonic() + timeout

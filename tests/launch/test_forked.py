@@ -5,6 +5,9 @@ cannot stand for runs as typed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -30,6 +33,13 @@ seen.update(port=os.environ["MASTER_PORT"].isdigit(), run_id=bool(os.environ["TO
             name=__name__, threads=torch.get_num_threads(), total=total.item())
 sys.stdout.write(json.dumps(seen, sort_keys=True) + "\\n")  # one write: ranks share the output
 dist.destroy_process_group()
+"""
+
+
+STREAMS = """\
+import sys
+seen = [(type(s.buffer).__name__, s.write_through, s.line_buffering) for s in (sys.stdout, sys.stderr)]
+sys.stdout.write(repr(seen) + "\\n")  # one write: unbuffered, print() writes the newline apart
 """
 
 
@@ -117,3 +127,21 @@ def test_a_variable_only_a_fresh_interpreter_reads_makes_the_command_run_as_type
     assert programs.run("debug.py", echo=False).lines() == ["DebugLevel.OFF"]
     done = programs.run("debug.py", echo=False, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert done.lines() == ["DebugLevel.DETAIL"]
+
+
+@pytest.mark.multiprocess
+def test_forked_streams_are_a_fresh_interpreter_s_unbuffered_under_torchrun_as_with_python_u(tmp_path):
+    (tmp_path / "streams.py").write_text(STREAMS)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+
+    def typed(*launcher: str) -> list[str]:
+        done = subprocess.run([*launcher, "streams.py"], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        return [line for line in done.stdout.splitlines() if line.startswith("[")]
+
+    torchrun = typed(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
+    python = typed(sys.executable)
+    assert torchrun == ["[('FileIO', True, False), ('FileIO', True, False)]"] * 2  # python -u
+    assert python == ["[('BufferedWriter', False, False), ('BufferedWriter', False, True)]"]
+    assert forked.run(tmp_path, ["streams.py"], 2, env, timeout=60).output.splitlines() == torchrun
+    assert forked.run(tmp_path, ["streams.py"], 0, env, timeout=60).output.splitlines() == python

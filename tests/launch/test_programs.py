@@ -11,6 +11,11 @@ import pytest
 from ddpguide.launch import programs
 
 
+def sleeper(folder) -> str:
+    """The code of the child that hangs.py starts, marked with the test's own folder."""
+    return f"import time; time.sleep(600)  # {folder}"
+
+
 @pytest.fixture
 def fake_programs(tmp_path, monkeypatch):
     folder = tmp_path / "programs"
@@ -22,7 +27,7 @@ def fake_programs(tmp_path, monkeypatch):
     (folder / "fails.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
     (folder / "hangs.py").write_text(
         "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        f"child = subprocess.Popen([sys.executable, '-c', {sleeper(folder)!r}],"
         " start_new_session=True)\n"
         "print('child', child.pid, flush=True)\ntime.sleep(600)\n")
     monkeypatch.setattr(programs, "PROGRAMS", folder)
@@ -55,9 +60,8 @@ def test_a_program_past_its_time_is_killed_with_everything_it_started(fake_progr
     with pytest.raises(programs.ProgramTimeout, match="did not finish within 3 s"):
         programs.run("hangs.py", timeout=3, echo=False)
     assert time.monotonic() - started < 20
-    orphans = [p for p in psutil.process_iter(["cmdline"])
-               if p.info["cmdline"] and "time.sleep(600)" in " ".join(p.info["cmdline"])
-               and p.pid != os.getpid()]
+    orphans = [p for p in psutil.process_iter(["cmdline"])  # the child this test's program started
+               if p.info["cmdline"] and sleeper(fake_programs) in p.info["cmdline"] and p.pid != os.getpid()]
     assert orphans == []
 
 
