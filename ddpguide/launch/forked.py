@@ -6,8 +6,8 @@ and four workers, five fresh interpreters that each import torch (seconds of
 CPU) before the program's first line. The chapters run every program that way.
 
 The package's tests run the same programs hundreds of times, so with
-``programs.run(..., launch="warm")`` (the tests' default, set by a fixture in
-``tests/conftest.py``) the ranks of such a command (and of ``python prog.py``) are
+``programs.run(..., launch="warm")`` (``tests/conftest.py`` sets ``programs.LAUNCH``: a
+program's first run typed, later ones warm) the ranks of such a command (and of ``python prog.py``) are
 forked from the warm server of :mod:`ddpguide.launch.warm` by the runner of
 :mod:`ddpguide.launch.ranks`. Each rank gets what torchrun's agent gives a worker
 (:func:`ddpguide.core.runtime.launcher_environment`, with a store this process

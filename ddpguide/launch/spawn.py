@@ -62,7 +62,7 @@ def _tail(path: Path, max_chars: int = 4000) -> str:
 
 
 def _check_arguments(fn: Any, world_size: Any, timeouts: dict[str, Any],
-                     threads_per_rank: Any, env: Any, kwargs: Any) -> None:
+                     threads_per_rank: Any, env: Any, kwargs: Any = None) -> None:
     """Raise ValueError naming the first bad argument, before any process or store starts."""
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
