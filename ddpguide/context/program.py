@@ -2,7 +2,8 @@
 
 The program (``book/programs/ring_attention.py``) is imported with
 :func:`ddpguide.launch.programs.load`, afresh on each call: an edited program is what
-the counts follow.
+the counts follow. What a run counted comes back in its ``--report`` file
+(``run(..., report=True).report``: ``checks``, ``work`` and ``bytes``).
 
 * Work under the causal mask, in block products of (S/N) x (S/N) (a block on the
   diagonal counts 1/2, the half a causal kernel computes): with the contiguous split
@@ -18,7 +19,6 @@ the counts follow.
 from __future__ import annotations
 
 import os
-import re
 
 from ddpguide.launch import programs
 
@@ -59,21 +59,3 @@ def bytes_formula(method: str, world: int, local_bytes: int) -> float:
     if method == "ulysses":
         return 8 * (world - 1) / world * local_bytes
     raise ValueError(f"unknown method {method!r}")
-
-
-_CHECK = re.compile(r"^check: (\w+) +(causal|no mask) *: .*: (OK|FAILED)$")
-_WORK = re.compile(r"^causal work per rank, (\w+) .*: \[([^\]]*)\], busiest/mean ([\d.]+)$")
-_BYTES = re.compile(r"^bytes sent per rank, (\w+) +forward \+ backward: \[([^\]]*)\]$")
-
-
-def parse_output(lines: list[str]) -> dict:
-    """The program's report: ``checks`` {(method, causal): passed}, ``work`` and ``bytes`` lists."""
-    found: dict = {"checks": {}, "work": {}, "bytes": {}}
-    for line in lines:
-        if m := _CHECK.match(line):
-            found["checks"][m[1], m[2] == "causal"] = m[3] == "OK"
-        elif m := _WORK.match(line):
-            found["work"][m[1]] = [float(x) for x in m[2].split(",")]
-        elif m := _BYTES.match(line):
-            found["bytes"][m[1]] = [int(x) for x in m[2].split(",")]
-    return found

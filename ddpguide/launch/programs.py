@@ -30,9 +30,13 @@ from typing import Sequence
 
 from ddpguide.core.processes import descendants, signal_all
 from ddpguide.launch import forked
+from ddpguide.launch import report as reports
 
 #: Where the programs live in a checkout.
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+
+#: The file ``run(..., report=True)`` asks the program to write, in its folder.
+REPORT = "report.json"
 
 #: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
 #: on a terminal, and its OMP_NUM_THREADS notice and the rows of stars around it, which come
@@ -57,6 +61,8 @@ class ProgramRun:
     output: str
     seconds: float
     workdir: Path
+    #: what the program wrote with ``--report`` (``run(..., report=True)``), else None
+    report: dict | None = None
 
     def lines(self) -> list[str]:
         return self.output.splitlines()
@@ -162,18 +168,23 @@ def edited_copy(name: str, folder: str | os.PathLike, *edits: tuple[str, str], c
 
 def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
         expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
-        workdir: str | os.PathLike | None = None) -> ProgramRun:
+        workdir: str | os.PathLike | None = None, report: bool = False) -> ProgramRun:
     """Run ``<launcher> <name> <args>`` in a folder holding a copy of the program.
 
     ``launcher`` is what the reader types before the file name: ``("python",)``
     or ``("torchrun", "--standalone", "--nproc-per-node=2")``. ``expect`` is the
     exit status the chapter expects (None: any). The folder is kept, so a
-    chapter can read what the program wrote (``ProgramRun.workdir``).
+    chapter can read what the program wrote (``ProgramRun.workdir``). With ``report`` the
+    command ends with ``--report report.json`` (in that folder) and ``ProgramRun.report`` is
+    what the program wrote there (:mod:`ddpguide.launch.report`): required after exit
+    status 0, read if present after another.
     """
     source = path_of(name)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
     copy_program(name, folder)
-    command = [*launcher, source.name, *args]
+    report_path = folder / REPORT
+    report_path.unlink(missing_ok=True)  # a report from an earlier run in this folder is not this one's
+    command = [*launcher, source.name, *args, *(("--report", REPORT) if report else ())]
     shown = " ".join(shlex.quote(part) for part in command)
     if echo:
         print(f"$ {shown}", flush=True)
@@ -190,7 +201,10 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     if expect is not None and done.returncode != expect:
         tail = "\n".join(done.output.splitlines()[-30:])
         raise ProgramFailed(f"`{shown}` exited with {done.returncode} (expected {expect}):\n{tail}")
-    return ProgramRun(shown, done.returncode, done.output, seconds, folder)
+    found = None
+    if report and (done.returncode == 0 or report_path.exists()):
+        found = reports.read(report_path, f"`{shown}`")
+    return ProgramRun(shown, done.returncode, done.output, seconds, folder, found)
 
 
 def _run_command(command: list[str], folder: Path, env: dict[str, str], timeout: float,
