@@ -23,17 +23,22 @@ def printed_checks(lines: list[str]) -> list[tuple[str, bool]]:
     return found
 
 
-def assert_report_agrees(launch: ProgramRun) -> dict:
+def assert_report_agrees(launch: ProgramRun | tuple[dict, list[str]]) -> dict:
     """The report has one check for each check line the program printed, in order, with the
-    same verdict, and each line names its check; return the report."""
-    assert launch.report is not None, launch.text()
-    printed = printed_checks(launch.program_lines())
-    reported = launch.report["checks"]
+    same verdict, and each line names its check; return the report. ``launch``: a run of
+    ``programs.run(..., report=True)``, or (report, the lines the program printed)."""
+    if isinstance(launch, ProgramRun):
+        assert launch.report is not None, launch.text()
+        report, lines = launch.report, launch.program_lines()
+    else:
+        report, lines = launch
+    printed = printed_checks(lines)
+    reported = report["checks"]
     assert len(printed) == len(reported), (printed, reported)
     for (line, passed), check in zip(printed, reported):
         assert check["name"] in line, (check["name"], line)
         assert check["ok"] is passed, (check, line)
-    return launch.report
+    return report
 
 
 def assert_report_into_missing_folder_refused(program: str, folder: Path, env: dict[str, str],
