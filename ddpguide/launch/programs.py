@@ -71,10 +71,6 @@ class ProgramRun:
         """What the program printed, without torchrun's own log lines."""
         return [line for line in self.lines() if not _TORCHRUN_LOG.match(line)]
 
-    def checks(self) -> list[str]:
-        """The lines that report a check (``check: ... OK`` or ``... FAILED``)."""
-        return [line.strip() for line in self.program_lines() if line.strip().startswith("check:")]
-
     def text(self) -> str:
         """The command, what the program printed, and how it ended, as a terminal shows it."""
         return "\n".join([f"$ {self.command}", *self.program_lines(),
