@@ -13,7 +13,8 @@ the counts follow. What a run counted comes back in its ``--report`` file
   the ring sends k and v N-1 times forward and again backward, and the gradients of
   k and v N times (they return to their owner): ``(6N - 4) x``; Ulysses sends
   (N-1)/N of q, k, v and of the output forward, of their gradients backward:
-  ``8 (N-1)/N x``.
+  ``8 (N-1)/N x``. With grouped-query attention (g query heads share one key/value
+  head, so k and v are x/g): the ring ``(6N - 4) x / g``, Ulysses ``(4 + 4/g) (N-1)/N x``.
 """
 
 from __future__ import annotations
@@ -52,10 +53,14 @@ def contiguous_imbalance(world: int) -> float:
     return (2 * world - 1) / world
 
 
-def bytes_formula(method: str, world: int, local_bytes: int) -> float:
-    """Bytes one rank sends in a forward and backward pass (see the module docstring)."""
-    if method in ("ring", "zigzag"):
-        return (6 * world - 4) * local_bytes
-    if method == "ulysses":
-        return 8 * (world - 1) / world * local_bytes
+def bytes_formula(method: str, world: int, local_bytes: int, groups: int = 1) -> float:
+    """Bytes one rank sends in a forward and backward pass, for local q of ``local_bytes``
+    and ``groups`` query heads per key/value head (1: multi-head attention; see the module
+    docstring)."""
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if method in ("ring", "zigzag"):  # k, v (and their gradients) only: x / g each
+        return (6 * world - 4) * local_bytes / groups
+    if method == "ulysses":  # q, out, dout, dq: x each; k, v, dk, dv: x / g each
+        return (4 + 4 / groups) * (world - 1) / world * local_bytes
     raise ValueError(f"unknown method {method!r}")

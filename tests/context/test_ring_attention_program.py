@@ -135,3 +135,14 @@ def test_the_counts_follow_the_program(tmp_path):
 def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(copy):
     assert_report_into_missing_folder_refused("ring_attention.py", copy, {"WORLD_SIZE": "2", "RANK": "0"},
                                               "--report missing/r.json: no folder ")
+
+
+def test_the_byte_formulas_with_grouped_query_attention():
+    """g query heads per key/value head: k, v and their gradients are 1/g of q's size."""
+    assert bytes_formula("ring", 8, 1, groups=1) == 44 and bytes_formula("ulysses", 8, 1, groups=1) == 7
+    assert bytes_formula("ring", 8, 1, groups=8) == 5.5
+    assert bytes_formula("ulysses", 8, 1, groups=8) == pytest.approx(4.5 * 7 / 8)
+    # multi-query attention (g = H): Ulysses' share of k and v vanishes as g grows
+    assert bytes_formula("ulysses", 4, 1, groups=10**9) == pytest.approx(4 * 3 / 4)
+    with pytest.raises(ValueError, match="groups must be >= 1, got 0"):
+        bytes_formula("ring", 2, 1, groups=0)
