@@ -27,6 +27,7 @@ Fixed from the source (the DDP + mixed-precision post):
 """
 
 import argparse
+import json
 import math
 import os
 import socket
@@ -161,6 +162,7 @@ def worker(rank: int, world_size: int, args):
                         pin_memory=device.type == "cuda")
     log(rank, f"{world_size} ranks on {device.type}, autocast {args.dtype}, "
               f"GradScaler {'on' if scaler.is_enabled() else 'off'}")
+    epochs = []  # for --report
     for epoch in range(start, args.epochs):
         began = time.perf_counter()
         sampler.set_epoch(epoch)
@@ -180,8 +182,16 @@ def worker(rank: int, world_size: int, args):
         log(rank, f"epoch {epoch}: last loss {loss.item():.4f}, loss scale "
                   f"{scaler.get_scale() if scaler.is_enabled() else 'none'}, "
                   f"{time.perf_counter() - began:.1f} s")
+        epochs.append({"epoch": epoch, "last_loss": loss.item(),
+                       "loss_scale": scaler.get_scale() if scaler.is_enabled() else None})
     accuracy = evaluate(model, test_set, rank, world_size, device, dtype)
     log(rank, f"test accuracy {accuracy:.2%}")
+    if args.report and rank == 0:  # what it printed, as JSON, written whole (temporary file, renamed)
+        with open(f"{args.report}.tmp", "w") as f:
+            json.dump({"program": "amp_ddp.py", "checks": [], "world_size": world_size,
+                       "device": device.type, "dtype": args.dtype, "scaler": scaler.is_enabled(),
+                       "first_epoch": start, "epochs": epochs, "accuracy": accuracy}, f, indent=1)
+        os.replace(f"{args.report}.tmp", args.report)
     dist.destroy_process_group()
 
 
@@ -200,6 +210,7 @@ def parse_args():
                         help="autocast type (default: float16 on CUDA, bfloat16 on CPU)")
     parser.add_argument("--checkpoint", default="amp_checkpoint.pt", help="saved and resumed from")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report", help="also write the epochs and the accuracy here, as JSON")
     args = parser.parse_args()
     for name in ("world_size", "epochs", "batch_size", "lr"):
         if not 0 < getattr(args, name) < math.inf:  # also refuses nan
@@ -210,6 +221,8 @@ def parse_args():
     folder = os.path.dirname(os.path.abspath(args.checkpoint))
     if os.path.isdir(args.checkpoint) or not os.access(folder, os.W_OK):
         parser.error(f"argument --checkpoint: cannot write a file at {args.checkpoint!r}")
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
     if os.path.exists(args.checkpoint):
         try:
             state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)

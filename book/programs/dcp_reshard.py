@@ -2,6 +2,7 @@
 
 Run:  torchrun --standalone --nproc-per-node=2 dcp_reshard.py            # train, save
       torchrun --standalone --nproc-per-node=3 dcp_reshard.py --load     # load, check
+      (--report FILE: rank 0 also writes the check as JSON: saved_by, loaded_by, identical, tensors)
 
 An FSDP2 model and its Adam state are sharded over the ranks. Each rank saves
 only its own shards, and the checkpoint's metadata records which piece of which
@@ -17,6 +18,7 @@ Source: PyTorch's distributed-checkpoint documentation (no seed article covers i
 
 import argparse
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -60,12 +62,16 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default="dcp_checkpoint", help="checkpoint directory")
     parser.add_argument("--load", action="store_true", help="load and check instead of save")
+    parser.add_argument("--report", help="also write the check here, as JSON")
     args = parser.parse_args()
     directory = Path(args.dir)
     # Check before any process group or file exists; one line, exit 2.
     problem = None
     world = os.environ.get("WORLD_SIZE")
-    if world is None:
+    report_folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and not os.path.isdir(report_folder):
+        problem = f"--report {args.report}: no folder {report_folder}"
+    elif world is None:
         problem = "start it with torchrun: torchrun --standalone --nproc-per-node=2 dcp_reshard.py"
     elif not args.load and BATCH % int(world):
         problem = (f"--nproc-per-node={world}: the batch of {BATCH} must split evenly over the "
@@ -81,7 +87,7 @@ def parse_args():
         if os.environ.get("RANK", "0") == "0":
             print(problem, file=sys.stderr)
         raise SystemExit(2)
-    return directory, args.load
+    return directory, args.load, args.report
 
 
 def rank_device() -> torch.device:
@@ -183,7 +189,7 @@ def save(directory, device_type):
     return True
 
 
-def load(directory, device_type):
+def load(directory, device_type, checks):
     model, optimizer = build(device_type, seed=123)  # other weights: loading must replace them
     # The state dicts of *this* world's shards are the template: dcp.load fills them in
     # place, reading from each file the part of each tensor that this rank owns now.
@@ -202,15 +208,29 @@ def load(directory, device_type):
         print(f"check: saved by {saved['saved_by']} ranks, loaded by {dist.get_world_size()}: "
               f"{len(same)} of {len(theirs)} tensors (model and Adam state) identical: "
               f"{'OK' if ok else 'FAILED'}", flush=True)
+        checks.append({"name": f"saved by {saved['saved_by']} ranks, loaded by {dist.get_world_size()}",
+                       "ok": ok, "saved_by": saved["saved_by"], "loaded_by": dist.get_world_size(),
+                       "identical": len(same), "tensors": len(theirs)})
     verdict = [ok]
     dist.broadcast_object_list(verdict, src=0)
     return verdict[0]
 
 
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
-    directory, loading = parse_args()
+    directory, loading, report = parse_args()
     device_type = setup()
-    ok = load(directory, device_type) if loading else save(directory, device_type)
+    checks = []  # the load's check (rank 0); a save checks nothing
+    ok = load(directory, device_type, checks) if loading else save(directory, device_type)
+    if report and dist.get_rank() == 0:
+        write_report(report, {"program": "dcp_reshard.py", "world": dist.get_world_size(),
+                              "loaded": loading, "checks": checks})
     if not loading:
         say(f"now load it with another number of ranks, e.g.\n  torchrun --standalone "
             f"--nproc-per-node=3 {Path(sys.argv[0]).name} --dir {directory} --load")

@@ -1,6 +1,8 @@
 """Two-dimensional parallelism on a 2x2 mesh: FSDP x tensor parallelism, then HSDP.
 
 Run:  torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py
+      torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py --report report.json
+                (rank 0 also writes the checks as JSON: name, layout, ok, worst, losses)
 
 Part 1: mesh ("dp", "tp"). Tensor parallelism splits every MLP across the two
 ranks of a "tp" row; FSDP2 shards the result again across the two ranks of a
@@ -14,7 +16,9 @@ batch with the same SGD steps (float64, to 1e-12).
 Source: PyTorch's FSDP2 and tensor-parallel documentation (no seed article covers it).
 """
 
+import argparse
 import datetime
+import json
 import logging
 import os
 import sys
@@ -158,7 +162,8 @@ def check(model, losses, plain, plain_losses):
     say(f"  check: losses and weights after {STEPS} SGD steps equal to one process on the whole "
         f"batch, on every rank: max difference {worst.item():.1e} <= {TOLERANCE:g}: "
         f"{'OK' if ok else 'FAILED'}")
-    return ok
+    return {"name": f"losses and weights after {STEPS} SGD steps equal to one process",
+            "ok": ok, "worst": worst.item(), "tolerance": TOLERANCE, "losses": losses}
 
 
 def shard_fsdp_x_tp(model, mesh):
@@ -183,7 +188,7 @@ def fsdp_x_tp(device_type, x, y, plain, plain_losses):
     dp_rank, dp_size = mesh["dp"].get_local_rank(), mesh["dp"].size()
     shares = (x.chunk(dp_size)[dp_rank], y.chunk(dp_size)[dp_rank])  # same share across a tp row
     losses = train(model, *shares, mesh["dp"].get_group(), dp_size)
-    return check(model, losses, plain, plain_losses)
+    return {"layout": "FSDP x TP", **check(model, losses, plain, plain_losses)}
 
 
 def hsdp(device_type, x, y, plain, plain_losses):
@@ -193,23 +198,49 @@ def hsdp(device_type, x, y, plain, plain_losses):
     model = shard_hsdp(Model().to(device_type, torch.float64), mesh)
     rank, world = dist.get_rank(), dist.get_world_size()  # every rank is data-parallel here
     losses = train(model, x.chunk(world)[rank], y.chunk(world)[rank], None, world)
-    return check(model, losses, plain, plain_losses)
+    return {"layout": "HSDP", **check(model, losses, plain, plain_losses)}
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
+        if os.environ.get("RANK", "0") == "0":
+            print(message, file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Checked before any process group exists: one line, exit status 2."""
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the checks here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    if os.environ.get("WORLD_SIZE") != "4":
+        parser.error(f"--nproc-per-node={os.environ.get('WORLD_SIZE', '(none)')}: this program needs "
+                     "4 ranks (a 2x2 mesh): torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py")
+    return args
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
 
 
 def main():
-    if os.environ.get("WORLD_SIZE") != "4":  # checked before any process group exists
-        if os.environ.get("RANK", "0") == "0":
-            print(f"--nproc-per-node={os.environ.get('WORLD_SIZE', '(none)')}: this program needs "
-                  "4 ranks (a 2x2 mesh): torchrun --standalone --nproc-per-node=4 fsdp_tp_2d.py",
-                  file=sys.stderr)
-        raise SystemExit(2)
+    args = parse_args()
     device_type = setup()
     say(f"4 ranks, backend {dist.get_backend()}, device {device_type}, float64")
     x, y = data(device_type)
     plain, plain_losses = reference(device_type, x, y)
-    results = [fsdp_x_tp(device_type, x, y, plain, plain_losses),
-               hsdp(device_type, x, y, plain, plain_losses)]
+    checks = [fsdp_x_tp(device_type, x, y, plain, plain_losses),
+              hsdp(device_type, x, y, plain, plain_losses)]
+    results = [check["ok"] for check in checks]
     say("all checks passed" if all(results) else "SOME CHECKS FAILED")
+    if args.report and dist.get_rank() == 0:
+        write_report(args.report, {"program": "fsdp_tp_2d.py", "checks": checks,
+                                   "one_process_losses": plain_losses})
     dist.destroy_process_group()
     raise SystemExit(0 if all(results) else 1)
 

@@ -24,7 +24,9 @@ For every layout given by --dp, top-k given by --top-k and capacity factor given
 by --capacity-factor, every rank also computes the same layer in one piece on the
 whole batch (in the same groups) and compares, in float64: the output, the
 auxiliary loss, which choices were dropped, every gradient, and the parameters
-after --steps SGD steps.
+after --steps SGD steps. With --report FILE rank 0 also writes the checks as JSON
+("checks": one per check line, with name, ok, dp, k, capacity_factor and its numbers:
+dropped and choices, or worst).
 
 Source: W. Fedus, B. Zoph and N. Shazeer, "Switch Transformers" (2021,
 arXiv:2101.03961) for the router, the capacity factor and the auxiliary loss;
@@ -34,6 +36,7 @@ expert parallelism with all-to-all.
 
 import argparse
 import datetime
+import json
 import math
 import os
 import sys
@@ -222,6 +225,7 @@ def parse_args(argv=None):
     parser.add_argument("--ffn", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="SGD steps of the training check")
     parser.add_argument("--skew", type=float, default=0.0, help="added to expert 0's router bias")
+    parser.add_argument("--report", help="also write the checks here, as JSON")
     args = parser.parse_args(argv)
     for k in args.top_k:
         if not 1 <= k <= args.experts:
@@ -232,6 +236,8 @@ def parse_args(argv=None):
     for name in ("experts", "tokens", "hidden", "ffn", "steps"):
         if getattr(args, name) < 1:
             fail(f"--{name} {getattr(args, name)}: must be at least 1")
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        fail(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
     if "WORLD_SIZE" not in os.environ:
         fail(f"start it with torchrun: torchrun --standalone --nproc-per-node=2 {PROGRAM}")
     world = int(os.environ["WORLD_SIZE"])
@@ -299,7 +305,7 @@ def say(line):
 
 
 def check_case(args, device, mesh, k, factor, aux_weight=0.01, lr=0.1):
-    """One layout, k and capacity factor: returns this rank's line and rank 0's lines."""
+    """One layout, k and capacity factor: this rank's line, rank 0's check lines and checks."""
     rank, world = dist.get_rank(), dist.get_world_size()
     ep_group, dp_group = mesh.get_group("ep"), mesh.get_group("dp")
     ep, ep_rank = mesh.size(1), mesh.get_local_rank("ep")
@@ -360,7 +366,16 @@ def check_case(args, device, mesh, k, factor, aux_weight=0.01, lr=0.1):
         f"check: k={k}, capacity factor {factor:g}: parameters after {args.steps} SGD steps "
         f"equal one process (worst {after:.1e}): {ok(after <= TOLERANCE)}",
     ]
-    return mine, lines, same and max(first_step, after) <= TOLERANCE
+    case = {"dp": mesh.size(0), "k": k, "capacity_factor": factor}
+    checks = [
+        {"name": f"k={k}, capacity factor {factor:g} (capacity {capacity})", "ok": same, **case,
+         "capacity": capacity, "dropped": total, "choices": n * k},
+        {"name": f"k={k}, capacity factor {factor:g}: output, aux loss", "ok": first_step <= TOLERANCE,
+         **case, "aux_loss": aux.item(), "worst": first_step},
+        {"name": f"k={k}, capacity factor {factor:g}: parameters after {args.steps} SGD steps",
+         "ok": after <= TOLERANCE, **case, "worst": after},
+    ]
+    return mine, lines, checks, same and max(first_step, after) <= TOLERANCE
 
 
 def check_exchange(device, group, hidden):
@@ -382,12 +397,19 @@ def check_exchange(device, group, hidden):
     return over_ranks(differ, device) == 0
 
 
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     args = parse_args()
     device = setup()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
-    every = True
+    every, checks = True, []
     try:
         for dp in args.dp:
             ep = world // dp
@@ -398,10 +420,13 @@ def main():
             same = check_exchange(device, mesh.get_group("ep"), args.hidden)
             say(f"check: AllToAll (by hand) equals torch's all_to_all_single_autograd, rows and "
                 f"gradients, uneven splits: {'OK' if same else 'FAILED'}")
+            checks.append({"name": "AllToAll (by hand) equals torch's all_to_all_single_autograd",
+                           "ok": bool(same), "dp": dp})
             every &= same
             for k in args.top_k:
                 for factor in args.capacity_factor:
-                    mine, lines, good = check_case(args, device, mesh, k, factor)
+                    mine, lines, case_checks, good = check_case(args, device, mesh, k, factor)
+                    checks += case_checks
                     sys.stdout.write(mine + "\n")  # one write: lines of ranks do not mix
                     sys.stdout.flush()
                     dist.barrier()
@@ -409,6 +434,8 @@ def main():
                         say(line)
                     every &= good
         say("all checks passed" if every else "SOME CHECKS FAILED")
+        if args.report and rank == 0:
+            write_report(args.report, {"program": PROGRAM, "world": world, "checks": checks})
     finally:
         dist.destroy_process_group()
     return 0 if every else 1

@@ -11,7 +11,9 @@ For each schedule a rank prints one line: the largest gradient and loss differen
 the activations its stages held at the peak (in chunks: one micro-batch through one
 stage), and with --time the step time and the share of it spent in forwards and
 backwards. With --dp 2 the ranks form a (pp, dp) mesh: each pipeline runs half of
-the batch and FSDP2 shards every stage over the dp dimension.
+the batch and FSDP2 shards every stage over the dp dimension. With --report FILE rank 0
+also writes it all as JSON: "checks" (one per check line: name, schedule, microbatches,
+ok), "runs" (per schedule and micro-batch count, every rank's numbers) and "skipped".
 
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
@@ -26,6 +28,7 @@ before anything starts.
 
 import argparse
 import copy
+import json
 import os
 import time
 from datetime import timedelta
@@ -202,11 +205,15 @@ def run_schedule(args, name, m, rank, mesh, device):
     if n_stages - 1 in indices:
         line += f", loss difference {worst_loss:.1e}"
     line += f"; peak activations {meter.peak / chunk:g} chunks"
+    found = {"rank": rank, "stages": indices, "max_gradient_difference": worst_grad,
+             "loss_difference": worst_loss if n_stages - 1 in indices else None,
+             "peak_activation_chunks": meter.peak / chunk}
     if args.time:
         timed = sorted(list(zip(step_seconds, busy_seconds))[args.steps:])
         step_s, busy_s = timed[len(timed) // 2]  # the median step, and its busy time
         line += f"; step {step_s * 1e3:.2f} ms, busy {busy_s * 1e3:.2f} ms"
-    return line, max(worst_grad, worst_loss) <= args.tolerance
+        found |= {"step_seconds": step_s, "busy_seconds": busy_s}
+    return line, max(worst_grad, worst_loss) <= args.tolerance, found
 
 
 def rank_device() -> torch.device:
@@ -234,24 +241,41 @@ def main(args):
     from torch.distributed.device_mesh import init_device_mesh
     pp = world // args.dp
     mesh = init_device_mesh(device.type, (pp, args.dp), mesh_dim_names=("pp", "dp"))
-    all_ok = True
+    all_ok, report = True, {"program": "pipeline_schedules.py", "world": world, "pp": pp,
+                            "dp": args.dp, "checks": [], "runs": [], "skipped": []}
     for name in (SCHEDULES if "all" in args.schedule else args.schedule):
         for m in args.microbatches:
             why = refusal(name, pp, m)
             if why is not None:  # only with --schedule all: a named schedule was refused before
                 if rank == 0:
                     print(f"skip: {why}", flush=True)
+                report["skipped"].append(why)
                 continue
-            line, ok = run_schedule(args, name, m, rank, mesh, device)
+            line, ok, found = run_schedule(args, name, m, rank, mesh, device)
             print(line + "\n", end="", flush=True)  # one write, so the ranks' lines never mix
             verdict = torch.tensor([ok], dtype=torch.int, device=device)
             dist.all_reduce(verdict, op=dist.ReduceOp.MIN)  # every rank must agree
             all_ok &= bool(verdict.item())
+            ranks = [None] * world
+            dist.all_gather_object(ranks, found)  # every rank's numbers, for --report
+            report["runs"].append({"schedule": name, "microbatches": m, "ranks": ranks})
+            report["checks"].append({"name": f"{name} on {pp} ranks x dp {args.dp}, m={m}",
+                                     "schedule": name, "microbatches": m, "ok": bool(verdict.item()),
+                                     "tolerance": args.tolerance})
             if rank == 0:
                 print(f"check: {name} on {pp} ranks x dp {args.dp}, m={m}, matches one process "
                       f"within {args.tolerance:g}: {'OK' if verdict.item() else 'FAILED'}", flush=True)
+    if args.report and rank == 0:
+        write_report(args.report, report)
     dist.destroy_process_group()
     return 0 if all_ok else 1
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
 
 
 class Parser(argparse.ArgumentParser):
@@ -272,6 +296,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=2, help="checked steps (default 2)")
     parser.add_argument("--time", type=int, default=0, help="timed steps after them (default 0)")
     parser.add_argument("--tolerance", type=float, default=1e-10, help="default 1e-10")
+    parser.add_argument("--report", help="also write the checks and every rank's numbers here, as JSON")
     args = parser.parse_args(argv)
     for name in ("microbatch_size", "blocks", "width", "dp", "steps", "tolerance"):
         if not 0 < getattr(args, name) < float("inf"):
@@ -281,6 +306,8 @@ def parse_args(argv=None):
         parser.error("--microbatch-size must differ from --width (activations are told from weights by shape)")
     if args.time < 0 or min(args.microbatches) < 1:
         parser.error("argument --time and --microbatches: expected values >= 0 and >= 1")
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
     if "LOCAL_RANK" not in os.environ:
         parser.error(f"start me with torchrun --standalone --nproc-per-node=2 {parser.prog}")
     world = int(os.environ["WORLD_SIZE"])

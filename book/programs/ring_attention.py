@@ -17,12 +17,17 @@ full attention on the whole sequence in one process: the output and the gradient
 Run:  torchrun --standalone --nproc-per-node=2 ring_attention.py
       torchrun --standalone --nproc-per-node=3 ring_attention.py --seq 36 --heads 6
 
+With --report FILE rank 0 also writes what it printed as JSON: "checks" (one per check line:
+name, method, causal, ok, the worst differences), "work" (causal work per rank, ring and
+zigzag) and "bytes" (bytes sent per rank, forward + backward, causal), by method.
+
 Source: ring attention (Liu et al.), the zig-zag split of ring-flash-attention and
 DeepSpeed-Ulysses; written afresh for this book.
 """
 
 import argparse
 import datetime
+import json
 import math
 import os
 import sys
@@ -232,6 +237,7 @@ def parse_args(argv=None):
     parser.add_argument("--seq", type=int, default=48, help="sequence length (all ranks)")
     parser.add_argument("--head-dim", type=int, default=8)
     parser.add_argument("--methods", default=",".join(METHODS), help="any of ring,zigzag,ulysses")
+    parser.add_argument("--report", help="also write the checks and the counts here, as JSON")
     args = parser.parse_args(argv)
     args.methods = args.methods.split(",")
     # Checked before any process group exists: one line, exit status 2.
@@ -243,6 +249,8 @@ def parse_args(argv=None):
     if unknown:
         parser.error(f"--methods {','.join(args.methods)}: unknown {unknown[0]!r} "
                      f"(choose from {', '.join(METHODS)})")
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
     if "WORLD_SIZE" not in os.environ:
         parser.error("start it with torchrun: "
                      "torchrun --standalone --nproc-per-node=2 ring_attention.py")
@@ -277,6 +285,13 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     args = parse_args()
     device = rank_device()
@@ -299,7 +314,7 @@ def main():
     if rank == 0:
         print(f"{world} ranks ({dist.get_backend()}), batch {args.batch}, {args.heads} heads, "
               f"sequence {args.seq}, head dim {args.head_dim}, float64", flush=True)
-    failed, work, sent = False, {}, {}
+    failed, work, sent, checks = False, {}, {}, []
     for method in args.methods:
         for causal in (False, True):
             worst, counts = check_variant(method, causal, full, args)
@@ -307,6 +322,9 @@ def main():
             sent[method, causal] = [int(c[1]) for c in counts]
             ok = max(worst) <= TOLERANCE
             failed |= not ok
+            checks.append({"name": f"{method} {'causal' if causal else 'no mask'}", "method": method,
+                           "causal": causal, "ok": ok, "tolerance": TOLERANCE,
+                           "worst": dict(zip(("out", "dq", "dk", "dv"), worst))})
             if rank == 0:
                 print(f"check: {method:7} {'causal' if causal else 'no mask':7}: max |difference| "
                       f"out {worst[0]:.1e}, dq {worst[1]:.1e}, dk {worst[2]:.1e}, dv {worst[3]:.1e}"
@@ -322,6 +340,11 @@ def main():
             print(f"bytes sent per rank, {method:7} forward + backward: {sent[method, True]}",
                   flush=True)
         print("some checks FAILED" if failed else "all checks passed", flush=True)
+        if args.report:
+            write_report(args.report, {
+                "program": "ring_attention.py", "world": world, "checks": checks,
+                "work": {m: work[m, True] for m in ("ring", "zigzag") if m in args.methods},
+                "bytes": {m: sent[m, True] for m in args.methods}})
     dist.destroy_process_group()
     return 1 if failed else 0
 

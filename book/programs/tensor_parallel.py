@@ -1,6 +1,8 @@
 """Tensor parallelism: an MLP, an attention block and sequence parallelism, split over ranks.
 
 Run:  torchrun --standalone --nproc-per-node=2 tensor_parallel.py
+      torchrun --standalone --nproc-per-node=2 tensor_parallel.py --report report.json
+                (rank 0 also writes the checks as JSON: name, case, ok, worst, collectives)
 
 Every rank also builds the plain (unsplit) module from the same seed and runs it
 on the same input: that is what one process would compute. The split version
@@ -10,7 +12,9 @@ Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
 Source: PyTorch's tensor-parallel documentation and the Megatron-LM paper (no seed article covers it).
 """
 
+import argparse
 import datetime
+import json
 import os
 import sys
 
@@ -88,19 +92,27 @@ def cases():
     }
 
 
-def check_world():
-    """Before any process group: the heads and positions must split evenly over the ranks."""
-    problem = None
-    if "WORLD_SIZE" not in os.environ:
-        problem = ("start it with torchrun: "
-                   "torchrun --standalone --nproc-per-node=2 tensor_parallel.py")
-    elif HEADS % int(os.environ["WORLD_SIZE"]) or SEQ % int(os.environ["WORLD_SIZE"]):
-        problem = (f"--nproc-per-node={os.environ['WORLD_SIZE']}: the {HEADS} heads and {SEQ} "
-                   "positions must split evenly over the ranks (use 1, 2 or 4)")
-    if problem:
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
         if os.environ.get("RANK", "0") == "0":
-            print(problem, file=sys.stderr)
+            print(message, file=sys.stderr)
         raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Before any process group: the heads and positions must split evenly over the ranks."""
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the checks here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    if "WORLD_SIZE" not in os.environ:
+        parser.error("start it with torchrun: "
+                     "torchrun --standalone --nproc-per-node=2 tensor_parallel.py")
+    if HEADS % int(os.environ["WORLD_SIZE"]) or SEQ % int(os.environ["WORLD_SIZE"]):
+        parser.error(f"--nproc-per-node={os.environ['WORLD_SIZE']}: the {HEADS} heads and {SEQ} "
+                     "positions must split evenly over the ranks (use 1, 2 or 4)")
+    return args
 
 
 def rank_device() -> torch.device:
@@ -202,20 +214,32 @@ def compare(name, device_type, make, plan, x, shard_input_dim=None):
     say(f"  check: output, input gradient and every parameter gradient equal to the plain "
         f"module on every rank: max difference {worst:.1e} <= {TOLERANCE:g}: "
         f"{'OK' if ok else 'FAILED'}")
-    return ok
+    return {"name": "output, input gradient and every parameter gradient equal to the plain module",
+            "case": name, "ok": ok, "worst": worst, "tolerance": TOLERANCE,
+            "collectives": {"forward": collectives(forward), "backward": collectives(backward)}}
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
 
 
 def main():
-    check_world()
+    args = parse_args()
     device_type = setup()
     world = dist.get_world_size()
     say(f"{world} ranks, backend {dist.get_backend()}, device {device_type}, float64")
     torch.manual_seed(1)
     x = torch.randn(BATCH, SEQ, DIM, dtype=torch.float64, device=device_type)
 
-    results = [compare(title, device_type, make, plan, x, shard_input_dim)
-               for title, make, plan, shard_input_dim in cases().values()]
+    checks = [compare(title, device_type, make, plan, x, shard_input_dim)
+              for title, make, plan, shard_input_dim in cases().values()]
+    results = [check["ok"] for check in checks]
     say("all checks passed" if all(results) else "SOME CHECKS FAILED")
+    if args.report and dist.get_rank() == 0:
+        write_report(args.report, {"program": "tensor_parallel.py", "world": world, "checks": checks})
     dist.destroy_process_group()
     raise SystemExit(0 if all(results) else 1)
 

@@ -3,8 +3,8 @@
 One launch of ``book/programs/pipeline_schedules.py`` on 4 ranks (one stage per
 rank for GPipe and 1F1B, two for the others, all stages equal) runs every
 schedule in turn at the same micro-batches and batch: one step checked against
-one process, then timed steps. Each rank reports the median step time and the
-time it spent inside forwards and backwards (busy); the rest of the step it
+one process, then timed steps. Each rank reports (in the program's ``--report`` file)
+the median step time and the time it spent inside forwards and backwards (busy); the rest of the step it
 waited (its bubble). For each schedule the suite reports idle over busy time,
 averaged over the ranks, next to the count from the action list
 (:func:`ddpguide.pipeline.zoo.simulate`): ``bubble_measured_over_formula``.
@@ -17,17 +17,16 @@ round of fewer, smaller steps. The ``pipeline`` suite runs these cases too.
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import sys
 
 from ddpguide.bench.report import Report
 from ddpguide.launch.programs import run as run_program
 from ddpguide.launch.programs import torchrun
+from ddpguide.launch.report import failed as failed_checks
 from ddpguide.pipeline import zoo
 
 RANKS = 4
-LINE = re.compile(r"\[rank (\d)\] (\S+) m=(\d+) .*; step ([\d.]+) ms, busy ([\d.]+) ms")
 
 
 def plan(quick: bool) -> dict:
@@ -43,11 +42,11 @@ def measure_round(p: dict) -> dict[str, list[tuple[float, float]]]:
         "pipeline_schedules.py", "--schedule", "all", "--microbatches", str(p["microbatches"]),
         "--microbatch-size", str(p["microbatch_size"]), "--width", str(p["width"]),
         "--steps", "1", "--time", str(p["time"]), launcher=torchrun(RANKS), timeout=1800,
-        echo=False)
-    found: dict[str, list[tuple[float, float]]] = {}
-    for _, schedule, _, step, busy in LINE.findall(result.output):
-        found.setdefault(schedule, []).append((float(step) / 1e3, float(busy) / 1e3))
-    failed = [line for line in result.checks() if not line.endswith("OK")]
+        echo=False, report=True)
+    assert result.report is not None  # report=True and exit status 0
+    found = {run["schedule"]: [(r["step_seconds"], r["busy_seconds"]) for r in run["ranks"]]
+             for run in result.report["runs"]}
+    failed = failed_checks(result.report)
     if failed or any(len(v) != RANKS for v in found.values()) or len(found) != len(zoo.SCHEDULES):
         raise RuntimeError("the schedules' run did not check out:\n" + "\n".join(result.lines()[-20:]))
     return found

@@ -2,7 +2,8 @@
 
 The program (``book/programs/ring_attention.py``) is imported with
 :func:`ddpguide.launch.programs.load`, afresh on each call: an edited program is what
-the counts follow.
+the counts follow. What a run counted comes back in its ``--report`` file
+(``run(..., report=True).report``: ``checks``, ``work`` and ``bytes``).
 
 * Work under the causal mask, in block products of (S/N) x (S/N) (a block on the
   diagonal counts 1/2, the half a causal kernel computes): with the contiguous split
@@ -12,13 +13,13 @@ the counts follow.
   the ring sends k and v N-1 times forward and again backward, and the gradients of
   k and v N times (they return to their owner): ``(6N - 4) x``; Ulysses sends
   (N-1)/N of q, k, v and of the output forward, of their gradients backward:
-  ``8 (N-1)/N x``.
+  ``8 (N-1)/N x``. With grouped-query attention (g query heads share one key/value
+  head, so k and v are x/g): the ring ``(6N - 4) x / g``, Ulysses ``(4 + 4/g) (N-1)/N x``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 from ddpguide.launch import programs
 
@@ -52,28 +53,14 @@ def contiguous_imbalance(world: int) -> float:
     return (2 * world - 1) / world
 
 
-def bytes_formula(method: str, world: int, local_bytes: int) -> float:
-    """Bytes one rank sends in a forward and backward pass (see the module docstring)."""
-    if method in ("ring", "zigzag"):
-        return (6 * world - 4) * local_bytes
-    if method == "ulysses":
-        return 8 * (world - 1) / world * local_bytes
+def bytes_formula(method: str, world: int, local_bytes: int, groups: int = 1) -> float:
+    """Bytes one rank sends in a forward and backward pass, for local q of ``local_bytes``
+    and ``groups`` query heads per key/value head (1: multi-head attention; see the module
+    docstring)."""
+    if groups < 1:
+        raise ValueError(f"groups must be >= 1, got {groups}")
+    if method in ("ring", "zigzag"):  # k, v (and their gradients) only: x / g each
+        return (6 * world - 4) * local_bytes / groups
+    if method == "ulysses":  # q, out, dout, dq: x each; k, v, dk, dv: x / g each
+        return (4 + 4 / groups) * (world - 1) / world * local_bytes
     raise ValueError(f"unknown method {method!r}")
-
-
-_CHECK = re.compile(r"^check: (\w+) +(causal|no mask) *: .*: (OK|FAILED)$")
-_WORK = re.compile(r"^causal work per rank, (\w+) .*: \[([^\]]*)\], busiest/mean ([\d.]+)$")
-_BYTES = re.compile(r"^bytes sent per rank, (\w+) +forward \+ backward: \[([^\]]*)\]$")
-
-
-def parse_output(lines: list[str]) -> dict:
-    """The program's report: ``checks`` {(method, causal): passed}, ``work`` and ``bytes`` lists."""
-    found: dict = {"checks": {}, "work": {}, "bytes": {}}
-    for line in lines:
-        if m := _CHECK.match(line):
-            found["checks"][m[1], m[2] == "causal"] = m[3] == "OK"
-        elif m := _WORK.match(line):
-            found["work"][m[1]] = [float(x) for x in m[2].split(",")]
-        elif m := _BYTES.match(line):
-            found["bytes"][m[1]] = [int(x) for x in m[2].split(",")]
-    return found

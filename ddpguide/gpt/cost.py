@@ -1,8 +1,8 @@
 """The cost of a layout of ``book/programs/gpt/train.py``: predicted, counted, timed.
 
-:func:`measure` runs the program with ``--cost`` and reads its ``cost:`` line (the
-prediction of ``cost.py`` for every rank, and what every rank counted and measured in
-one step); :func:`compare` puts them side by side. The step time is predicted from a
+:func:`measure` runs the program with ``--cost`` and reads the ``cost`` of its
+``--report`` file (the prediction of ``cost.py`` for every rank, and what every rank
+counted and measured in one step); :func:`compare` puts them side by side. The step time is predicted from a
 latency-bandwidth (alpha-beta) model of gloo, fitted to timed all-reduces
 (:func:`fit_alpha_beta`), and the compute time from the step's model FLOPs at the
 FLOP/s one process reaches on the same model (:func:`predict_step_seconds`).
@@ -10,12 +10,12 @@ FLOP/s one process reaches on the same model (:func:`predict_step_seconds`).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
 from ddpguide.gpt.layouts import CHECK, PROGRAM
 from ddpguide.launch.programs import ProgramRun, run, torchrun
+from ddpguide.launch.report import ReportError
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 MEMORY = ("parameters", "gradients", "optimizer", "activations")
@@ -37,20 +37,20 @@ COST_LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
 def measure(options: tuple[str, ...], ranks: int, extra: tuple[str, ...] = CHECK,
             timeout: float = 300.0, workdir: Path | None = None,
             env: dict[str, str] | None = None) -> tuple[dict, ProgramRun]:
-    """Run one layout with ``--cost``: the parsed ``cost:`` line, and the run itself."""
+    """Run one layout with ``--cost``: the cost it reported, and the run itself."""
     launcher = ("python",) if ranks == 1 else torchrun(ranks)
     folder = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-cost-"))
     done = run(PROGRAM, *options, *extra, "--cost", launcher=launcher, timeout=timeout,
-               echo=False, workdir=folder, env=env)
+               echo=False, workdir=folder, env=env, report=True)
     return parse(done), done
 
 
 def parse(done: ProgramRun) -> dict:
-    """The ``cost:`` line of a run with ``--cost``, as a dict."""
-    lines = [line for line in done.program_lines() if line.startswith("cost: ")]
-    if not lines:
-        raise AssertionError(f"{done.command}: no 'cost:' line in\n{done.text()}")
-    return json.loads(lines[-1][len("cost: "):])
+    """The ``cost`` of the report of a run with ``--cost`` and ``--report``."""
+    if done.report is None or not isinstance(done.report.get("cost"), dict):
+        raise ReportError(f"{done.command}: its report holds no cost (run it with --cost and "
+                          "report=True; the second step is the one counted)")
+    return done.report["cost"]
 
 
 def compare(result: dict) -> dict:

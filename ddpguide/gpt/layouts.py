@@ -66,12 +66,13 @@ class LayoutRun:
 
 def launch(options: tuple[str, ...], ranks: int, out: Path, extra: tuple[str, ...] = CHECK,
            timeout: float = 300.0, echo: bool = False, name: str = "") -> LayoutRun:
-    """Run the program on one layout; read what it wrote to ``out``."""
+    """Run the program on one layout; read what it wrote to ``out`` (and its ``--report``:
+    the cost with ``--cost``, :func:`ddpguide.gpt.cost.parse`)."""
     out.mkdir(parents=True, exist_ok=True)
     launcher = ("python",) if ranks == 1 else torchrun(ranks)
     started = time.monotonic()
     done = run(PROGRAM, *options, *extra, "--out", str(out), launcher=launcher,
-               timeout=timeout, echo=echo, workdir=out / "program")
+               timeout=timeout, echo=echo, workdir=out / "program", report=True)
     report = json.loads((out / "losses.json").read_text())
     return LayoutRun(name or " ".join(options) or "1 process", ranks, report["losses"],
                      report["first_step"], parameters_of(out), time.monotonic() - started, done)

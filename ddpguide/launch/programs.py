@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Sequence
 
 from ddpguide.launch import forked, ranks
+from ddpguide.launch import report as reports
 
 #: Where the programs live in a checkout.
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -42,6 +43,9 @@ LAUNCH = "typed"
 LAUNCHES = ("typed", "warm", "typed-once")
 #: the programs that have run as typed in this process
 TYPED: set[str] = set()
+
+#: The file ``run(..., report=True)`` asks the program to write, in its folder.
+REPORT = "report.json"
 
 #: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
 #: on a terminal, and its OMP_NUM_THREADS notice and the rows of stars around it, which come
@@ -66,6 +70,8 @@ class ProgramRun:
     output: str
     seconds: float
     workdir: Path
+    #: what the program wrote with ``--report`` (``run(..., report=True)``), else None
+    report: dict | None = None
 
     def lines(self) -> list[str]:
         return self.output.splitlines()
@@ -73,10 +79,6 @@ class ProgramRun:
     def program_lines(self) -> list[str]:
         """What the program printed, without torchrun's own log lines."""
         return [line for line in self.lines() if not _TORCHRUN_LOG.match(line)]
-
-    def checks(self) -> list[str]:
-        """The lines that report a check (``check: ... OK`` or ``... FAILED``)."""
-        return [line.strip() for line in self.program_lines() if line.strip().startswith("check:")]
 
     def text(self) -> str:
         """The command, what the program printed, and how it ended, as a terminal shows it."""
@@ -182,20 +184,26 @@ def launch_of(name: str, launch: str | None = None) -> str:
 
 def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
         expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
-        workdir: str | os.PathLike | None = None, launch: str | None = None) -> ProgramRun:
+        workdir: str | os.PathLike | None = None, launch: str | None = None,
+        report: bool = False) -> ProgramRun:
     """Run ``<launcher> <name> <args>`` in a folder holding a copy of the program.
 
     ``launcher`` is what the reader types before the file name: ``("python",)``
     or ``("torchrun", "--standalone", "--nproc-per-node=2")``. ``expect`` is the
     exit status the chapter expects (None: any). The folder is kept, so a
     chapter can read what the program wrote (``ProgramRun.workdir``). ``launch``: see
-    :data:`LAUNCH` (None: that default).
+    :data:`LAUNCH` (None: that default). With ``report`` the
+    command ends with ``--report report.json`` (in that folder) and ``ProgramRun.report`` is
+    what the program wrote there (:mod:`ddpguide.launch.report`): required after exit
+    status 0, read if present after another.
     """
     launch = launch_of(name, launch)
     source = path_of(name)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
     copy_program(name, folder)
-    command = [*launcher, source.name, *args]
+    report_path = folder / REPORT
+    report_path.unlink(missing_ok=True)  # a report from an earlier run in this folder is not this one's
+    command = [*launcher, source.name, *args, *(("--report", REPORT) if report else ())]
     shown = " ".join(shlex.quote(part) for part in command)
     if echo:
         print(f"$ {shown}", flush=True)
@@ -213,7 +221,10 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     if expect is not None and done.returncode != expect:
         tail = "\n".join(done.output.splitlines()[-30:])
         raise ProgramFailed(f"`{shown}` exited with {done.returncode} (expected {expect}):\n{tail}")
-    return ProgramRun(shown, done.returncode, done.output, seconds, folder)
+    found = None
+    if report and (done.returncode == 0 or report_path.exists()):
+        found = reports.read(report_path, f"`{shown}`")
+    return ProgramRun(shown, done.returncode, done.output, seconds, folder, found)
 
 
 def _run_command(command: list[str], folder: Path, env: dict[str, str], timeout: float,

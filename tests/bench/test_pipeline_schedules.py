@@ -1,4 +1,4 @@
-"""The pipeline_schedules suite: what it derives from the program's timed lines."""
+"""The pipeline_schedules suite: what it derives from the program's report."""
 
 from __future__ import annotations
 
@@ -29,15 +29,13 @@ def test_ratios_come_from_the_timed_lines(monkeypatch):
 
 def test_a_failed_check_stops_the_suite(monkeypatch):
     class Run:
-        output = "[rank 0] GPipe m=8 stages 0: x; step 1.0 ms, busy 0.5 ms\n"
-
-        @staticmethod
-        def checks():
-            return ["check: GPipe on 4 ranks x dp 1, m=8, matches one process within 1e-10: FAILED"]
+        report = {"checks": [{"name": "GPipe on 4 ranks x dp 1, m=8", "ok": False}],
+                  "runs": [{"schedule": "GPipe", "microbatches": 8,
+                            "ranks": [{"step_seconds": 1e-3, "busy_seconds": 5e-4}] * 4}]}
 
         @staticmethod
         def lines():
-            return Run.output.splitlines()
+            return ["check: GPipe on 4 ranks x dp 1, m=8, matches one process within 1e-10: FAILED"]
 
     monkeypatch.setattr(suite, "run_program", lambda *a, **k: Run)
     with pytest.raises(RuntimeError, match="did not check out"):

@@ -16,10 +16,10 @@ from ddpguide.context.program import (
     busiest_over_mean,
     bytes_formula,
     contiguous_imbalance,
-    parse_output,
     work_per_rank,
 )
 from ddpguide.launch.programs import PROGRAMS, edited_copy, load, run, torchrun
+from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 12, 48, 8  # the program's defaults
 METHODS = ("ring", "zigzag", "ulysses")
@@ -29,14 +29,23 @@ METHODS = ("ring", "zigzag", "ulysses")
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_variant_equals_full_attention_and_counts_meet_the_formulas(world):
     launch = run("ring_attention.py", launcher=torchrun(world), timeout=300, expect=None,
-                 echo=False)
+                 echo=False, report=True)
     assert launch.returncode == 0, launch.text()
     lines = launch.program_lines()
     assert (f"{world} ranks (gloo), batch {BATCH}, {HEADS} heads, sequence {SEQ}, "
                         f"head dim {HEAD_DIM}, float64") in lines
-    report = parse_output(lines)
-    assert report["checks"] == {(m, causal): True for m in METHODS for causal in (False, True)}
+    report = launch.report
+    assert {(c["method"], c["causal"]): c["ok"] for c in report["checks"]} == {
+        (m, causal): True for m in METHODS for causal in (False, True)}
     assert "all checks passed" in lines
+    if world == 3:  # the report says what the program printed
+        assert_report_agrees(launch)
+        for method in ("ring", "zigzag"):
+            blocks = report["work"][method]
+            assert (f"causal work per rank, {method:6} (S/N x S/N blocks, a diagonal one counts 1/2): "
+                    f"{blocks}, busiest/mean {max(blocks) * world / sum(blocks):.3f}") in lines
+        for method in METHODS:
+            assert f"bytes sent per rank, {method:7} forward + backward: {report['bytes'][method]}" in lines
     # work, as the program counted it while computing, against the chunking rule and formulas
     assert report["work"]["ring"] == work_per_rank(world, "contiguous") == [
         r + 0.5 for r in range(world)]
@@ -78,6 +87,8 @@ REFUSALS = [
     (["--seq", "many"], {"WORLD_SIZE": "2", "RANK": "0"},
      "argument --seq: invalid int value: 'many'"),
     (["--heads", "4"], {"WORLD_SIZE": "3", "RANK": "1"}, ""),  # only rank 0 says it
+    (["--report", "/no/such/folder/r.json"], {"WORLD_SIZE": "2", "RANK": "0"},
+     "--report /no/such/folder/r.json: no folder /no/such/folder"),
 ]
 
 
@@ -118,3 +129,20 @@ def test_the_counts_follow_the_program(tmp_path):
     edited = edited_copy(PROGRAM, tmp_path, ("[rank, 2 * world - 1 - rank]", "[2 * rank, 2 * rank + 1]"))
     assert work_per_rank(4, "zigzag") == [2.0] * 4
     assert work_per_rank(4, "zigzag", program=edited) == [0.5, 1.5, 2.5, 3.5]
+
+
+@pytest.mark.timeout(200)
+def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(copy):
+    assert_report_into_missing_folder_refused("ring_attention.py", copy, {"WORLD_SIZE": "2", "RANK": "0"},
+                                              "--report missing/r.json: no folder ")
+
+
+def test_the_byte_formulas_with_grouped_query_attention():
+    """g query heads per key/value head: k, v and their gradients are 1/g of q's size."""
+    assert bytes_formula("ring", 8, 1, groups=1) == 44 and bytes_formula("ulysses", 8, 1, groups=1) == 7
+    assert bytes_formula("ring", 8, 1, groups=8) == 5.5
+    assert bytes_formula("ulysses", 8, 1, groups=8) == pytest.approx(4.5 * 7 / 8)
+    # multi-query attention (g = H): Ulysses' share of k and v vanishes as g grows
+    assert bytes_formula("ulysses", 4, 1, groups=10**9) == pytest.approx(4 * 3 / 4)
+    with pytest.raises(ValueError, match="groups must be >= 1, got 0"):
+        bytes_formula("ring", 2, 1, groups=0)

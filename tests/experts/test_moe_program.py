@@ -13,35 +13,36 @@ import sys
 import pytest
 
 from ddpguide.launch.programs import path_of, run, torchrun
+from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 NAME = "moe_expert_parallel.py"
 CASES = [(k, f) for k in (1, 2) for f in ("1", "4")]
 
 
 def launch(nproc: int, *args: str):
-    done = run(NAME, *args, launcher=torchrun(nproc), timeout=300, expect=None, echo=False)
+    done = run(NAME, *args, launcher=torchrun(nproc), timeout=300, expect=None, echo=False,
+               report=True)
     assert done.returncode == 0, done.text()
     return done
 
 
 def assert_every_case_checked(done, layouts: list[str], nproc: int):
-    checks = done.checks()
-    assert all(c.endswith(": OK") for c in checks), done.text()
+    checks = assert_report_agrees(done)["checks"]  # the report says what the program printed
+    assert all(c["ok"] for c in checks), done.text()
     assert len(checks) == len(layouts) * (1 + 3 * len(CASES)), done.text()
     assert "all checks passed" in done.lines()
     meshes = [line for line in done.lines() if line.startswith("== mesh ")]
     assert [m.split(" dims")[0] for m in meshes] == layouts
     for k, factor in CASES:
-        dropped = [int(m.group(1)) for c in checks
-                   if (m := re.match(rf"check: k={k}, capacity factor {factor} \(capacity \d+\): "
-                                     r"step 1 dropped (\d+) of", c))]
+        case = [c for c in checks if (c.get("k"), c.get("capacity_factor")) == (k, float(factor))]
+        dropped = [c["dropped"] for c in case if "dropped" in c]
         assert len(dropped) == len(layouts), done.text()
+        assert all(c["choices"] == 16 * nproc * k for c in case if "choices" in c)
         # capacity factor 1 overflows (random routing of 16 tokens over 4 experts); with
         # factor E every expert could take the whole group and nothing is dropped
         assert all(d > 0 for d in dropped) if factor == "1" else dropped == [0] * len(layouts)
-        for what in ("every gradient equal one process", "parameters after 3 SGD steps"):
-            assert sum(c.startswith(f"check: k={k}, capacity factor {factor}: ") and what in c
-                       for c in checks) == len(layouts)
+        for what in ("output, aux loss", "parameters after 3 SGD steps"):
+            assert sum(what in c["name"] and c["worst"] <= 1e-10 for c in case) == len(layouts)
     # every rank printed its own line for every case, whole
     for rank in range(nproc):
         mine = [line for line in done.lines() if line.startswith(f"rank {rank} (")]
@@ -53,7 +54,7 @@ def assert_every_case_checked(done, layouts: list[str], nproc: int):
 def test_two_ranks_every_variant_equals_one_process():
     done = launch(2)
     assert_every_case_checked(done, ["== mesh [[0, 1]]"], 2)
-    assert any(c.startswith("check: AllToAll (by hand) equals torch's") for c in done.checks())
+    assert any(c["name"].startswith("AllToAll (by hand) equals torch's") for c in done.report["checks"])
 
 
 @pytest.mark.timeout(500)
@@ -80,6 +81,7 @@ REFUSALS = [
     (["--dp", "3"], "4", "--dp 3: the 4 ranks do not split into 3 data-parallel rows"),
     (["--top-k", "two"], "2",
      "moe_expert_parallel.py: argument --top-k: invalid int value: 'two'"),
+    (["--report", "/no/such/r.json"], "2", "--report /no/such/r.json: no folder /no/such"),
 ]
 
 
@@ -108,6 +110,13 @@ def test_bad_input_from_the_shell_writes_nothing(tmp_path):
                           env={**env, "WORLD_SIZE": "2", "RANK": "0"})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", REFUSALS[0][2] + "\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [NAME]  # nothing written
+
+
+@pytest.mark.timeout(120)
+def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_path):
+    shutil.copy(path_of(NAME), tmp_path / NAME)
+    assert_report_into_missing_folder_refused(NAME, tmp_path, {"WORLD_SIZE": "2", "RANK": "0"},
+                                              "--report missing/r.json: no folder ")
 
 
 @pytest.mark.timeout(120)

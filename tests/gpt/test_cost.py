@@ -20,7 +20,10 @@ from ddpguide.gpt.cost import (
     ring_steps,
     wire_bytes,
 )
-from ddpguide.gpt.layouts import LAYOUTS
+from ddpguide.gpt.layouts import CHECK, LAYOUTS
+from ddpguide.launch.programs import run
+from ddpguide.launch.report import ReportError
+from tests.programs.report_support import assert_report_agrees
 
 #: cases the equivalence table does not run: launched here
 OWN_CASES = [("TP x CP 2 x 2, checkpointed", 4, ("--tp", "2", "--cp", "2", "--checkpoint-activations")),
@@ -74,6 +77,25 @@ def test_one_process_sends_nothing_and_its_memory_is_predicted(table):
     assert result["mfu"] == pytest.approx(flops / result["step_seconds"] / result["peak_flops"])
     assert result["mfu"] > 0 and result["peak_flops"] > 0
     assert "cost all_gather: predicted 0 B, counted 0 B (all ranks)" in done.program_lines()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_the_report_says_what_the_cost_lines_print(tmp_path):
+    result, done = measure(("--dp-shard", "2"), 2, workdir=tmp_path)
+    assert_report_agrees(done)  # no check lines, no checks
+    lines = done.program_lines()
+    for kind in KINDS:
+        predicted = sum(rank[kind] for rank in result["predicted"]["bytes"])
+        counted = sum(rank[kind] for rank in result["counted"])
+        assert any(line.startswith(f"cost {kind}: predicted {predicted} B, counted {counted} B")
+                   for line in lines), (kind, lines)
+    assert done.report["losses"] and len(done.report["losses"]) == 3
+    assert not any(line.startswith("cost: {") for line in lines)  # the JSON is in the file only
+    without = run("gpt/train.py", *CHECK, "--steps", "1", echo=False, workdir=tmp_path / "plain",
+                  report=True)
+    with pytest.raises(ReportError, match="its report holds no cost"):
+        parse(without)
 
 
 def test_fit_alpha_beta_recovers_latency_and_bandwidth():

@@ -54,3 +54,11 @@ def test_a_checkpoint_of_another_model_is_refused_and_none_is_replaced(tmp_path)
     line = refused(tmp_path, "--load", str(tmp_path))
     assert line == f"train.py: --load {tmp_path}: no complete checkpoint there"
     assert files() == before
+
+
+@pytest.mark.multiprocess
+def test_a_report_into_a_missing_folder_gets_one_line(tmp_path):
+    missing = tmp_path / "missing" / "report.json"
+    assert refused(tmp_path, "--report", str(missing)) == (
+        f"train.py: --report {missing}: no folder {missing.parent}")
+    assert not missing.parent.exists()

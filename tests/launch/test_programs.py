@@ -78,7 +78,7 @@ def test_an_unknown_program_is_named(fake_programs):
 
 
 @pytest.mark.multiprocess
-def test_checks_and_text_leave_out_torchruns_own_log_lines(fake_programs):
+def test_text_leaves_out_torchruns_own_log_lines(fake_programs):
     (fake_programs / "checks.py").write_text(
         "import sys\n"
         "print('W1201 04:53:33.603000 6362 torch/distributed/run.py:982] *****', file=sys.stderr)\n"
@@ -87,7 +87,6 @@ def test_checks_and_text_leave_out_torchruns_own_log_lines(fake_programs):
         "print('*' * 41)\n"
         "print('  check: shards add up: OK')\nprint('plain line')\nprint('check: all equal: FAILED')\n")
     done = programs.run("checks.py", echo=False)
-    assert done.checks() == ["check: shards add up: OK", "check: all equal: FAILED"]
     assert done.text().splitlines()[:4] == ["$ python checks.py", "  check: shards add up: OK",
                                             "plain line", "check: all equal: FAILED"]
     assert done.text().splitlines()[-1].startswith("(exit status 0, ")

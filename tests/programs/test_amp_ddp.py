@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -18,6 +19,7 @@ from tests.programs.programs_support import (
     parse_error,
     run,
 )
+from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 STEPS_PER_EPOCH = math.ceil(math.ceil(1437 / 2) / 32)  # DistributedSampler pads to 719 per rank
 
@@ -29,15 +31,28 @@ def accuracy(stdout: str) -> float:
 @pytest.mark.timeout(200)
 def test_defaults_train_with_autocast_and_skip_syncbn_on_cpu(tmp_path):
     copy_program("amp_ddp.py", tmp_path)
-    result = check_ok(run([PYTHON, "amp_ddp.py"], tmp_path, timeout=150))
+    result = check_ok(run([PYTHON, "amp_ddp.py", "--report", "report.json"], tmp_path, timeout=150))
     on_gpus = torch.cuda.device_count() >= 2
     dtype = "float16" if on_gpus else "bfloat16"
     assert f"2 ranks on {'cuda' if on_gpus else 'cpu'}, autocast {dtype}" in result.stdout
     assert ("SyncBatchNorm skipped" in result.stdout) is not on_gpus
     assert accuracy(result.stdout) > 0.85
+    # the report says what the program printed
+    report = assert_report_agrees((json.loads((tmp_path / "report.json").read_text()), result.stdout.splitlines()))
+    assert (report["dtype"], report["world_size"], report["first_epoch"]) == (dtype, 2, 0)
+    assert f"test accuracy {report['accuracy']:.2%}" in result.stdout
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1, 2]
+    assert all(f"epoch {e['epoch']}: last loss {e['last_loss']:.4f}, loss scale "
+               f"{e['loss_scale'] if on_gpus else 'none'}" in result.stdout for e in report["epochs"])
     state = torch.load(tmp_path / "amp_checkpoint.pt", map_location="cpu", weights_only=True)
     assert state["epoch"] == 2 and state["dtype"] == dtype and state["optimizer"]["state"]
     assert bool(state["scaler"]) is on_gpus  # a disabled scaler (bfloat16) has no state
+
+
+def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_path):
+    copy_program("amp_ddp.py", tmp_path)
+    assert_report_into_missing_folder_refused("amp_ddp.py", tmp_path, {},
+                                              "amp_ddp.py: error: --report missing/r.json: no folder ")
 
 
 @pytest.mark.timeout(250)

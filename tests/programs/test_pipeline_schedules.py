@@ -3,6 +3,7 @@ FSDP2 on a 2 x 2 mesh; its refusals are the library's, one line and exit status 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 
 from ddpguide.pipeline import zoo
 from tests.programs.programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
+from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 LINE = re.compile(r"\[rank (\d)\] (\S+) m=(\d+) stages ([\d,]+): max gradient difference (\S+)"
                   r"(?:, loss difference (\S+))?; peak activations (\S+) chunks")
@@ -69,11 +71,23 @@ def test_every_schedule_on_4_ranks(tmp_path):
 @pytest.mark.timeout(450)
 def test_pipeline_times_fsdp2_on_a_2x2_mesh(tmp_path):
     out = launch(tmp_path, 4, "--dp", "2", "--schedule", "1F1B", "Interleaved1F1B",
-                 "ZBVZeroBubble", "--microbatches", "4")
+                 "ZBVZeroBubble", "--microbatches", "4", "--report", "report.json")
     checks = CHECK.findall(out)
     assert checks == [(s, "2", "2", "4", "OK") for s in ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")]
     lines = LINE.findall(out)
     assert len(lines) == 12 and all(float(line[4]) <= 1e-10 for line in lines)
+    # the report says what the ranks printed: each rank's stages, differences and peak
+    report = assert_report_agrees((json.loads((tmp_path / "report.json").read_text()), out.splitlines()))
+    assert [(c["schedule"], c["microbatches"], c["ok"]) for c in report["checks"]] == [
+        (s, 4, True) for s in ("1F1B", "Interleaved1F1B", "ZBVZeroBubble")]
+    printed = {(int(rank), schedule): (stages, float(grad), peak)
+               for rank, schedule, _, stages, grad, _, peak in lines}
+    reported = {(r["rank"], run["schedule"]): (",".join(map(str, r["stages"])),
+                                                float(f"{r['max_gradient_difference']:.1e}"),
+                                                f"{r['peak_activation_chunks']:g}")
+                for run in report["runs"] for r in run["ranks"]}
+    assert reported == printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline_schedules.py", "report.json"]
     # rank = pp rank x 2 + dp rank; both dp ranks of a stage hold the same activations
     check_memory([(str(int(rank) // 2), *rest) for rank, *rest in lines], 2)
 
@@ -122,6 +136,12 @@ def test_a_refused_run_is_one_line_and_exit_2(tmp_path, world, args, message):
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == f"pipeline_schedules.py: error: {message}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline_schedules.py"]
+
+
+def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_path):
+    copy_program("pipeline_schedules.py", tmp_path)
+    assert_report_into_missing_folder_refused("pipeline_schedules.py", tmp_path, torchrun_environment("2"),
+                                              "pipeline_schedules.py: error: --report missing/r.json: no folder ")
 
 
 def test_every_refusal_is_one_line(tmp_path, monkeypatch, capsys):

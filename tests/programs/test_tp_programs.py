@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpguide.launch.programs import run, torchrun
+from tests.programs.report_support import assert_report_agrees
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 NAMES = ("tensor_parallel.py", "fsdp_tp_2d.py", "dcp_reshard.py")
@@ -28,7 +29,7 @@ def copies(tmp_path: Path) -> Path:
 def run_program(name: str, nproc: int, args=(), timeout: float = 240.0, workdir=None):
     """The reader's command on a copy of the program alone in a fresh folder."""
     return run(name, *args, launcher=torchrun(nproc), timeout=timeout, expect=None, echo=False,
-               workdir=workdir)
+               workdir=workdir, report=True)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -45,8 +46,10 @@ def test_programs_import_only_torch_and_the_standard_library(name):
 def test_tensor_parallel_program():
     launch = run_program("tensor_parallel.py", 2, timeout=240)
     assert launch.returncode == 0, launch.text()
-    checks = launch.checks()
-    assert len(checks) == 3 and all(c.endswith(": OK") for c in checks), launch.text()
+    checks = assert_report_agrees(launch)["checks"]
+    assert [c["case"] for c in checks] == ["MLP", "Attention", "Sequence parallel"]
+    assert all(c["ok"] and c["worst"] <= 1e-12 for c in checks), launch.text()
+    assert checks[0]["collectives"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
     lines = launch.lines()
     assert "all checks passed" in lines
     assert any(line.split()[:2] == ["up.weight", "(Shard(dim=0),)"] for line in lines)
@@ -59,8 +62,9 @@ def test_tensor_parallel_program():
 def test_fsdp_tp_2d_program():
     launch = run_program("fsdp_tp_2d.py", 4, timeout=360)
     assert launch.returncode == 0, launch.text()
-    checks = launch.checks()
-    assert len(checks) == 2 and all(c.endswith(": OK") for c in checks), launch.text()
+    checks = assert_report_agrees(launch)["checks"]
+    assert [(c["layout"], c["ok"]) for c in checks] == [("FSDP x TP", True), ("HSDP", True)], launch.text()
+    assert all(c["losses"] == pytest.approx(launch.report["one_process_losses"], abs=1e-12) for c in checks)
     assert "all checks passed" in launch.lines()
 
 
@@ -74,8 +78,10 @@ def test_dcp_program_saves_with_2_and_loads_with_3(tmp_path):
     loaded = run_program("dcp_reshard.py", 3, ["--dir", str(checkpoint), "--load"], timeout=240,
                          workdir=tmp_path)
     assert loaded.returncode == 0, loaded.text()
-    assert loaded.checks() == ["check: saved by 2 ranks, loaded by 3: 32 of 32 tensors "
-                               "(model and Adam state) identical: OK"], loaded.text()
+    assert saved.report["checks"] == [] and not saved.report["loaded"]
+    assert assert_report_agrees(loaded)["checks"] == [{
+        "name": "saved by 2 ranks, loaded by 3", "ok": True, "saved_by": 2, "loaded_by": 3,
+        "identical": 32, "tensors": 32}], loaded.text()
     assert any("rows per rank [7, 7, 6]" in line for line in loaded.lines())
 
 
@@ -95,6 +101,9 @@ REFUSALS = [
      "(use 1, 2, 3, 4, 6 or 12)"),
     ("dcp_reshard.py", ["--dir", "missing/ckpt"], {"WORLD_SIZE": "2", "RANK": "0"},
      "--dir 'missing/ckpt': its parent directory does not exist"),
+    *[(name, ["--report", "missing/r.json"], {"WORLD_SIZE": world, "RANK": "0"},
+       "--report missing/r.json: no folder {folder}/missing")
+      for name, world in (("tensor_parallel.py", "2"), ("fsdp_tp_2d.py", "4"), ("dcp_reshard.py", "2"))],
 ]
 
 
@@ -107,5 +116,5 @@ def test_programs_refuse_bad_input_in_one_line_before_starting(copies, name, arg
                                                             "LOCAL_WORLD_SIZE")}
     done = subprocess.run([sys.executable, name, *args], cwd=copies, capture_output=True,
                           text=True, timeout=100, env={**clean, **env})
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", message.format(folder=copies) + "\n")
     assert sorted(p.name for p in copies.iterdir()) == before  # nothing written

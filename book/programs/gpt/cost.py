@@ -15,7 +15,6 @@ all-reduces (ProcessGroup::allreduce dispatches c10d::allreduce_) and pipelining
 send/recv (ProcessGroup::send dispatches c10d::send, recv c10d::recv_).
 """
 
-import json
 import math
 import resource
 import time
@@ -165,7 +164,8 @@ def matmul_peak(m, k, n, dtype, repeats=5):
 
 class Meter:
     """train.py --cost: count one step (the second: the first builds AdamW's state lazily)
-    and time every step; rank 0 prints the prediction first and the comparison last."""
+    and time every step; rank 0 prints the prediction first and the comparison last, and
+    report() returns it all on rank 0 (for train.py --report)."""
 
     def __init__(self, config, layout, args, stage, optimizer, enabled=True):
         self.enabled = enabled
@@ -217,17 +217,17 @@ class Meter:
 
     def report(self):
         if not self.enabled:
-            return
+            return None
         if not self.counted:
             if dist.get_rank() == 0:
                 print("cost, nothing counted: --cost counts the second step of a run", flush=True)
-            return
+            return None
         mine = {"bytes": self.counter.bytes, "calls": self.counter.calls,
                 "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds}
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if dist.get_rank() != 0:
-            return
+            return None
         predicted = self.prediction
         for kind in KINDS:
             p, c = (sum(r[kind] for r in x) for x in (predicted["bytes"], [e["bytes"] for e in every]))
@@ -247,13 +247,11 @@ class Meter:
         mfu = predicted["flops"] / step / (peak * self.layout.world)
         print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
               f"{peak / 1e9:.2f} GFLOP/s a rank; model-FLOPs utilisation {mfu:.3f}")
-        print("cost: " + json.dumps({"predicted": predicted, "counted": [e["bytes"] for e in every],
-                                     "calls": [e["calls"] for e in every],
-                                     "memory": [e["memory"] for e in every],
-                                     "step_seconds": step, "peak_flops": peak, "mfu": mfu,
-                                     "first_step_seconds": max(e["seconds"][0] for e in every),
-                                     "layout": asdict(self.layout),
-                                     "microbatches": self.args.microbatches}), flush=True)
+        return {"predicted": predicted, "counted": [e["bytes"] for e in every],
+                "calls": [e["calls"] for e in every], "memory": [e["memory"] for e in every],
+                "step_seconds": step, "peak_flops": peak, "mfu": mfu,
+                "first_step_seconds": max(e["seconds"][0] for e in every),
+                "layout": asdict(self.layout), "microbatches": self.args.microbatches}
 
 
 def _chunk(rows, ranks, index):

@@ -8,6 +8,9 @@ Run:  python train.py                                       (one process)
 
 The text is bytes of the Python standard library's own sources (--text names another file).
 Every option is checked before a process group exists: a bad one gets one line, exit 2.
+With --report FILE rank 0 writes the run as JSON at the end: "losses", "first_step",
+"seconds", "layout", "checks" (none: this program prints no check) and, with --cost,
+"cost" (the prediction of cost.py for every rank, and what every rank counted and measured).
 """
 
 import argparse
@@ -85,6 +88,7 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
                    "bytes, memory and FLOPs of a step (see cost.py)")
+    p.add_argument("--report", help="write the losses (and the cost) here as JSON at the end")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     others = args.pp * args.dp_replicate * args.cp * args.ep * args.tp
@@ -117,6 +121,8 @@ def parse_args(argv=None):
         fail(found[0])
     if args.text and not os.path.isfile(args.text):
         fail(f"--text {args.text}: no such file")
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        fail(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
     if args.resume:
         if not args.save or args.load:
             fail("--resume: needs --save (the folder to resume from) and no --load")
@@ -361,14 +367,25 @@ def main():
             extra = f", gradient norm {norm:.3f}" if norm is not None else ""
             print(f"step {step + 1}: loss {losses[-1]:.4f}{extra}", flush=True)
     seconds = time.perf_counter() - started
-    meter.report()
+    counted = meter.report()
     if args.out:
         write_out(args.out, stage, history + losses, first, seconds, mesh, layout)
     if args.save:
         save(args.save, stage, optimizer, args.steps, config, layout, history + losses)
     if args.sample and rank == 0 and layout.world == 1:
         print(sample(part, data, args.sample, config, device), flush=True)
+    if args.report and rank == 0:
+        write_report(args.report, {"program": PROGRAM, "checks": [], "losses": history + losses,
+                                   "first_step": first, "seconds": seconds, "layout": asdict(layout),
+                                   **({"cost": counted} if args.cost else {})})
     dist.destroy_process_group()
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(f"{path}.tmp", path)
 
 
 def write_out(path, stage, losses, first, seconds, mesh, layout):

@@ -1,0 +1,78 @@
+"""The report channel: ``run(..., report=True)`` adds ``--report report.json`` to the command and
+reads the file; a missing or malformed report is one clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpguide.launch import programs
+from ddpguide.launch.report import ReportError, failed, read
+
+WRITES = ("import json, os, sys\n"
+          "path = sys.argv[sys.argv.index('--report') + 1]\n"
+          "print('check: sums agree: OK')\nprint('check: all equal: FAILED')\n"
+          "with open(path + '.tmp', 'w') as f:\n"
+          "    json.dump({'checks': [{'name': 'sums agree', 'ok': True},"
+          " {'name': 'all equal', 'ok': False}], 'bytes': [8, 8]}, f)\n"
+          "os.replace(path + '.tmp', path)\n"
+          "sys.exit(int(sys.argv[1]))\n")
+
+
+@pytest.fixture
+def fake_programs(tmp_path, monkeypatch):
+    folder = tmp_path / "programs"
+    folder.mkdir()
+    (folder / "writes.py").write_text(WRITES)
+    (folder / "silent.py").write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
+    monkeypatch.setattr(programs, "PROGRAMS", folder)
+    return folder
+
+
+@pytest.mark.multiprocess
+def test_the_command_names_the_report_and_the_run_carries_it(fake_programs):
+    done = programs.run("writes.py", "0", echo=False, report=True)
+    assert done.command == "python writes.py 0 --report report.json"
+    assert done.report == {"checks": [{"name": "sums agree", "ok": True},
+                                      {"name": "all equal", "ok": False}], "bytes": [8, 8]}
+    assert failed(done.report) == ["all equal"]
+    assert sorted(p.name for p in done.workdir.iterdir()) == ["report.json", "writes.py"]
+    assert programs.run("silent.py", "0", echo=False).report is None  # not asked for
+
+
+@pytest.mark.multiprocess
+def test_a_report_is_required_after_success_and_read_if_there_after_failure(fake_programs, tmp_path):
+    with pytest.raises(ReportError, match=r"^`python silent.py 0 --report report.json` wrote no report at "):
+        programs.run("silent.py", "0", echo=False, report=True)
+    assert programs.run("silent.py", "2", echo=False, expect=2, report=True).report is None
+    assert failed(programs.run("writes.py", "1", echo=False, expect=1, report=True).report) == ["all equal"]
+
+
+@pytest.mark.multiprocess
+def test_a_report_left_by_an_earlier_run_in_the_folder_is_not_this_run_s(fake_programs, tmp_path):
+    programs.run("writes.py", "0", echo=False, report=True, workdir=tmp_path / "run")
+    with pytest.raises(ReportError, match="wrote no report"):
+        programs.run("silent.py", "0", echo=False, report=True, workdir=tmp_path / "run")
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "is not JSON"),
+    ("[1, 2]", "holds a list, not an object"),
+    ('{"bytes": 1}', "has no list of checks"),
+    ('{"checks": [{"name": "a", "ok": "yes"}]}', "check 0 is not an object with a name and ok"),
+    ('{"checks": [{"ok": true}]}', "check 0 is not an object with a name and ok"),
+])
+def test_a_malformed_report_is_one_line_that_says_what_is_wrong(tmp_path, text, problem):
+    path = tmp_path / "report.json"
+    path.write_text(text)
+    with pytest.raises(ReportError) as error:
+        read(path, "prog.py")
+    assert str(error.value).startswith(f"prog.py: the report {path} {problem}")
+    assert "\n" not in str(error.value)
+
+
+def test_a_well_formed_report_is_read_as_written(tmp_path):
+    report = {"checks": [{"name": "x", "ok": True, "worst": 1e-12}], "work": {"ring": [0.5, 1.5]}}
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    assert read(tmp_path / "r.json") == report
