@@ -162,3 +162,27 @@ def in_flight(ranks: Sequence[Sequence[Op]], until: str = "last") -> list[int]:
             peak = max(peak, held)
         peaks.append(peak)
     return peaks
+
+
+def held_until_step_end(ranks: Sequence[Sequence[Op]], share: Fraction = Fraction(1, 2)) -> list[Fraction]:
+    """Per rank, the peak of chunks held when each chunk is held in full until its last
+    backward action and ``share`` of it from its W to the end of the step.
+
+    With ``share = 1/2`` this bounds the zero-bubble schedules' measured peaks in
+    torch 2.14.1: W's ``autograd.grad`` over the weights frees the Linear's saved
+    input, not the tensors on the input path that I kept with ``retain_graph=True``
+    (one of a block's two), which go when the graph goes.
+    """
+    peaks = []
+    for order in ranks:
+        held = peak = Fraction(0)
+        for op in order:
+            if op.kind == "F":
+                held += 1
+            elif op.kind == "B":
+                held -= 1
+            elif op.kind == "W":
+                held -= 1 - share
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks

@@ -3,11 +3,12 @@
 :func:`compute_actions` gives each rank's forwards (F), full backwards (B),
 backward-input (I) and backward-weight (W) passes in the order that rank runs
 them, taken from the library's own ``pipeline_order`` for the multi-stage
-schedules. :func:`simulate` plays them on an idealised machine (a forward or
-a backward-input or a backward-weight of one chunk, one micro-batch through one
-stage, takes one time unit, a full backward two, transfers take no time) and
-counts the idle slots; :func:`bubble_formula` is the closed form each schedule
-is known by. :func:`in_flight` counts the chunks whose activations a rank holds.
+schedules. :func:`simulate` plays them on the idealised machine of
+:mod:`ddpguide.pipeline.timeline` (by default a forward, a backward-input or a
+backward-weight of one chunk, one micro-batch through one stage, takes one time
+unit, a full backward two, transfers take no time) and counts the bubble, idle
+over busy time; :func:`bubble_formula` is the closed form each schedule is
+known by. :func:`in_flight` counts the chunks whose activations a rank holds.
 """
 
 from __future__ import annotations
@@ -123,14 +124,17 @@ def simulate(schedule: str, pp: int, m: int, costs: Costs | None = None) -> Time
 
 
 def bubble_formula(schedule: str, pp: int, m: int) -> Fraction:
-    """The closed form of idle over compute time, with F = I = W = 1, B = I + W.
+    """The closed form of the bubble (idle over busy time) each schedule is known by.
 
-    GPipe, 1F1B and looped BFS: (p-1)/m (the pipeline fills and drains once,
-    (p-1)(F+B) per rank, against m(F+B) of work); interleaved 1F1B: (p-1)/(v m)
-    (the same fill with chunks 1/v as long); the zero-bubble schedules fill the
-    drain with W passes and leave (p-1)(F+I-W) per rank: (p-1)/(3 v m). The
-    looped schedules reach it from m >= p on, ZBV from m >= 2p - 1 (the
-    micro-batches its V needs), DualPipeV from its least m = 2p; below, more idles.
+    GPipe and 1F1B: (p-1)/m (the pipeline fills and drains once, (p-1)(F+B) per
+    rank, against m(F+B) of work); interleaved 1F1B and looped BFS: (p-1)/(v m)
+    (the same fill with chunks 1/v as long). These hold at any F and B. The
+    zero-bubble schedules fill the drain with W passes and leave the fill, a
+    forward per hop, (p-1)F per rank: (p-1)/(3 v m), which holds only at
+    F = I = W (at other costs the simulator counts more, never less than (p-1)F).
+    The looped schedules reach their formula from m >= p on, ZBV from m >= 2p - 1
+    (the micro-batches its V needs), DualPipeV from its least m = 2p; below,
+    more idles.
     """
     v = stages_per_rank(schedule)
     if schedule in ("GPipe", "1F1B"):
@@ -150,3 +154,8 @@ def formula_holds(schedule: str, pp: int, m: int) -> bool:
 def in_flight(schedule: str, pp: int, m: int, until: str = "last") -> list[int]:
     """Per rank, the most chunks held at once (:func:`ddpguide.pipeline.timeline.in_flight`)."""
     return timeline.in_flight(compute_actions(schedule, pp, m), until)
+
+
+def held_until_step_end(schedule: str, pp: int, m: int, share: Fraction = Fraction(1, 2)) -> list[Fraction]:
+    """Per rank, :func:`ddpguide.pipeline.timeline.held_until_step_end` on the schedule's lists."""
+    return timeline.held_until_step_end(compute_actions(schedule, pp, m), share)

@@ -156,6 +156,9 @@ def test_in_flight_and_bad_input():
     assert timeline.in_flight(ranks) == [2] and timeline.in_flight(ranks, until="I") == [2]
     assert timeline.in_flight([[Op(0, "F", 0), Op(0, "I", 0), Op(0, "F", 1), Op(0, "W", 0)]]) == [2]
     assert timeline.in_flight([[Op(0, "F", 0), Op(0, "I", 0), Op(0, "F", 1), Op(0, "W", 0)]], "I") == [1]
+    kept = [[Op(0, "F", 0), Op(0, "I", 0), Op(0, "W", 0), Op(0, "F", 1), Op(0, "B", 1)]]
+    assert timeline.held_until_step_end(kept) == [Fraction(3, 2)]  # half of chunk 0 stays after its W
+    assert timeline.held_until_step_end(kept, share=Fraction(0)) == timeline.in_flight(kept) == [1]
     with pytest.raises(ValueError, match=r"^until must be 'last' or 'I', got 'W'$"):
         timeline.in_flight(ranks, until="W")
     with pytest.raises(ValueError, match=r"^cost I must be a whole number of time units >= 1, got 0$"):
