@@ -31,7 +31,7 @@ from ddpguide.core.commands import one_line
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, die_with_parent
 from ddpguide.elastic.checks import NodeOptions, StoreOptions
 from ddpguide.elastic.settings import AgentSettings
-from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 
 
 def command_line(settings: AgentSettings, worker: WorkerArgs) -> str:
@@ -117,9 +117,7 @@ def _start_forkserver(strategy: str) -> None:
     from multiprocessing import forkserver
 
     os.environ["DDPGUIDE_AGENT_PID"] = str(os.getpid())  # see ddpguide.elastic.warm
-    preload = ["ddpguide.elastic.warm"]
-    if strategy == "fsdp":
-        preload.append("ddpguide.sharding.fsdp_strategy")
+    preload = ["ddpguide.elastic.warm", *STRATEGIES[strategy].preload]
     multiprocessing.set_forkserver_preload(preload)
     forkserver.ensure_running()
 
