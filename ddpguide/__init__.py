@@ -8,7 +8,7 @@ command lines).
 
 chapter                         where its machinery lives
 ==============================  ======================================
-1  DDP launched with mp.spawn   ``launch.spawn``, ``ddp.equivalence``, ``train``
+1  DDP launched with mp.spawn   ``launch.spawn``, ``train``
 2  collectives from scratch     ``collectives``, ``ddp.by_hand``
 3  torchrun                     ``launch.torchrun``, ``launch.whoami``, ``train.cli``
 4  elastic training             ``elastic`` (``python -m ddpguide.elastic``)
