@@ -8,7 +8,7 @@ command lines).
 
 chapter                         where its machinery lives
 ==============================  ======================================
-1  DDP launched with mp.spawn   ``launch.spawn``, ``ddp.equivalence``, ``train``
+1  DDP launched with mp.spawn   ``launch.spawn``, ``train``
 2  collectives from scratch     ``collectives``, ``ddp.by_hand``
 3  torchrun                     ``launch.torchrun``, ``launch.whoami``, ``train.cli``
 4  elastic training             ``elastic`` (``python -m ddpguide.elastic``)
@@ -20,7 +20,7 @@ chapter                         where its machinery lives
 10 when a job hangs             ``doctor`` (``python -m ddpguide.doctor``)
 11 context parallelism          ``context``
 12 mixture of experts           ``experts``
-13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
+13 pipeline schedules           ``pipeline.zoo``, ``pipeline.timeline``, ``pipeline.viz``
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
@@ -65,7 +65,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ), ("bench", "elastic")),
     "05_model_parallel": ("5", (
         "bench.appendix", "bench.pipeline_timing", "launch.programs", "launch.spawn",
-        "pipeline.model_parallel", "pipeline.schedules", "pipeline.stages", "pipeline.viz",
+        "pipeline.model_parallel", "pipeline.schedules", "pipeline.stages", "pipeline.timeline",
+        "pipeline.viz", "pipeline.zoo",
     ), ("bench",)),
     "06_sbp": ("6", (
         "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules", "sbp.placements",
@@ -93,7 +94,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "core.runtime", "experts.traffic", "experts.viz", "launch.programs",
     ), ("bench",)),
     "13_pipeline_schedules": ("13", (
-        "launch.programs", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
+        "launch.programs", "pipeline.timeline", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
     ), ("bench",)),
     "14_gpt_capstone": ("14", (
         "gpt.layouts", "launch.programs",

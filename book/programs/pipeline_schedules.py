@@ -10,10 +10,12 @@ and every parameter's gradient of its stages with that one process.
 For each schedule a rank prints one line: the largest gradient and loss differences,
 the activations its stages held at the peak (in chunks: one micro-batch through one
 stage), and with --time the step time and the share of it spent in forwards and
-backwards. With --dp 2 the ranks form a (pp, dp) mesh: each pipeline runs half of
-the batch and FSDP2 shards every stage over the dp dimension. With --report FILE rank 0
-also writes it all as JSON: "checks" (one per check line: name, schedule, microbatches,
-ok), "runs" (per schedule and micro-batch count, every rank's numbers) and "skipped".
+backwards (--pin-cores gives each rank a core of its own and one thread, so that
+what a rank waits for is the schedule). With --dp 2 the ranks form a (pp, dp) mesh: each
+pipeline runs half of the batch and FSDP2 shards every stage over the dp dimension. With
+--report FILE rank 0 also writes it all as JSON: "checks" (one per check line: name,
+schedule, microbatches, ok), "runs" (per schedule and micro-batch count, every rank's
+numbers) and "skipped".
 
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
@@ -233,6 +235,10 @@ def rank_device() -> torch.device:
 
 def main(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.pin_cores:  # a core and a thread per rank: its waits are the schedule's, not the machine's
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ["LOCAL_RANK"])]})
+        torch.set_num_threads(1)
     device = rank_device()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -294,6 +300,8 @@ def parse_args(argv=None):
     parser.add_argument("--width", type=int, default=16, help="features (default 16)")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
     parser.add_argument("--steps", type=int, default=2, help="checked steps (default 2)")
+    parser.add_argument("--pin-cores", action="store_true",
+                        help="pin each local rank to a core of its own, with one thread")
     parser.add_argument("--time", type=int, default=0, help="timed steps after them (default 0)")
     parser.add_argument("--tolerance", type=float, default=1e-10, help="default 1e-10")
     parser.add_argument("--report", help="also write the checks and every rank's numbers here, as JSON")
@@ -313,6 +321,9 @@ def parse_args(argv=None):
     world = int(os.environ["WORLD_SIZE"])
     if world % args.dp or world // args.dp < 2:
         parser.error(f"--dp {args.dp} leaves no pipeline of 2 ranks or more in {world} ranks")
+    local, cores = int(os.environ["LOCAL_WORLD_SIZE"]), len(os.sched_getaffinity(0))
+    if args.pin_cores and local > cores:
+        parser.error(f"--pin-cores: {local} ranks on this machine, {cores} cores to pin them to")
     pp = world // args.dp
     if args.blocks % (2 * pp):
         parser.error(f"--blocks {args.blocks}: cannot cut into {2 * pp} equal stages")

@@ -12,7 +12,7 @@ SUITES = {
     "allreduce": "hand-written ring all-reduce vs gloo (chapter 2)",
     "elastic": "elastic recovery times (chapter 4)",
     "pipeline": "model and pipeline parallelism (chapter 5)",
-    "pipeline_schedules": "every pipelining schedule side by side on 4 ranks: bubbles, step time (chapter 13)",
+    "pipeline_schedules": "every pipelining schedule on 2 ranks, a core each: bubbles, step time (chapter 13)",
     "amp": "mixed precision step time and memory (chapter 7)",
     "sharding": "ZeRO-1, FSDP2 and ZeRO-3 by hand against DDP: memory and step time (chapter 8)",
     "compile": "torch.compile over DDP against eager DDP: step time (chapter 1)",

@@ -97,20 +97,6 @@ def _prepare(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
-def step_time(model, x, y, repeats: int, device: torch.device) -> float:
-    """Median seconds of one SGD training step of ``model`` on the full batch (after one warm-up)."""
-    step = _whole_model_step(model, x, y)
-    samples = []
-    for i in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        if i:  # the first step warms up allocator and kernels
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def _whole_model_step(model, x, y):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loss_fn = batch_loss(x.shape[0])

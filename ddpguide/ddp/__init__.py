@@ -1,2 +1,1 @@
-"""Data parallelism: DDP written by hand, the equivalence check against one
-process, and the pitfalls of a DDP script as runnable checks."""
+"""Data parallelism: DDP written by hand, and the pitfalls of a DDP script as runnable checks."""

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="host the rendezvous store in a separate process")
     demo.add_argument("--torchrun-defaults", action="store_true",
                       help="torchrun's rendezvous timings instead of the tuned ones (slow)")
-    demo.add_argument("--strategy", choices=STRATEGIES, default=DemoSettings.strategy,
+    demo.add_argument("--strategy", choices=tuple(STRATEGIES), default=DemoSettings.strategy,
                       help=f"how the workers train. {WorkerArgs.metadata('strategy')['help']} "
                            f"(default {DemoSettings.strategy})")
 
@@ -99,8 +99,8 @@ def _demo(plan: DemoPlan) -> int:
     from ddpguide.elastic.progress import EpochBar
     from ddpguide.elastic.report import summary
 
-    sharded = (" with FSDP2 workers and a sharded (DCP) checkpoint"
-               if plan.settings.strategy == "fsdp" else "")
+    choice = STRATEGIES[plan.settings.strategy]
+    sharded = f" with {choice.title} workers and a sharded (DCP) checkpoint" if choice.sharded else ""
     print(f"elastic demo: torchrun agents on 127.0.0.1{sharded} (Ctrl-C stops everything)",
           flush=True)
     try:

@@ -30,7 +30,7 @@ from ddpguide.elastic.settings import (
     parse_endpoint,
     port_is_free,
 )
-from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,12 @@ def _check_word(option: str, value: str) -> None:
         raise UsageError(f"{option} {value!r}: must be a non-empty word")
 
 
-def _check_checkpoint_option(path: str, strategy: str = "ddp") -> None:
+def _check_checkpoint_option(path: str, strategy: str = WorkerArgs.strategy) -> None:
     """``--checkpoint``: where the strategy can save, holding nothing or what fits the toy model."""
     from ddpguide.core.checkpoint import CheckpointError, check_resumable
     from ddpguide.core.models import ToyModel
 
-    if strategy == "fsdp":
+    if STRATEGIES[strategy].sharded:
         return _check_sharded_checkpoint(path)
     if Path(path).is_dir():
         from ddpguide.sharding.dcp import is_checkpoint

@@ -21,7 +21,7 @@ from typing import Callable
 
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all, store_port
 from ddpguide.elastic.events import EventTail
-from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 from ddpguide.launch import ranks
 
 LOOPBACK = "127.0.0.1"
@@ -67,9 +67,8 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # ddp: one file that rank 0 writes; fsdp: a directory of every rank's shards.
-        self.checkpoint = self.workdir / ("checkpoint" if self.strategy == "fsdp"
-                                          else "checkpoint.pt")
+        # one file that rank 0 writes, or (sharded) a directory of every rank's shards
+        self.checkpoint = self.workdir / STRATEGIES[self.strategy].checkpoint_name
         self.events_path = self.workdir / "events.jsonl"
         self.events = EventTail(self.events_path)
 

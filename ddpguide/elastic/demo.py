@@ -21,6 +21,7 @@ from typing import Callable
 
 from ddpguide.elastic.cluster import LocalCluster
 from ddpguide.elastic.report import RunLog, build_report
+from ddpguide.elastic.worker_args import WorkerArgs
 
 # How many finished epochs each phase lasts before the next disturbance.
 EPOCHS_BEFORE_JOIN = 2
@@ -46,7 +47,7 @@ class DemoSettings:
     phase_timeout_s: float = 60.0
     external_store: bool = False
     torchrun_defaults: bool = False
-    strategy: str = "ddp"         # or fsdp: FSDP2 workers and a sharded (DCP) checkpoint
+    strategy: str = WorkerArgs.strategy  # or fsdp: FSDP2 workers and a sharded (DCP) checkpoint
 
 
 def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = None,

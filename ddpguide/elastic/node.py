@@ -31,7 +31,7 @@ from ddpguide.core.commands import one_line
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, die_with_parent
 from ddpguide.elastic.checks import NodeOptions, StoreOptions
 from ddpguide.elastic.settings import AgentSettings
-from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 
 
 def command_line(settings: AgentSettings, worker: WorkerArgs) -> str:
@@ -120,8 +120,7 @@ def _start_forkserver(strategy: str) -> None:
     the agent."""
     from ddpguide.launch import warm
 
-    extra = ("ddpguide.sharding.fsdp_strategy",) if strategy == "fsdp" else ()
-    warm.start(preload=(*PRELOAD, *extra))
+    warm.start(preload=(*PRELOAD, *STRATEGIES[strategy].preload))
 
 
 def _failure_text(exc) -> str:

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
+
 
 @dataclass
 class RunLog:
@@ -86,8 +88,8 @@ class RunLog:
             self._add(t, "finished", "training finished", world_size=ws)
 
 
-def _history(checkpoint, strategy: str = "ddp") -> list[dict[str, Any]]:
-    if strategy == "fsdp":
+def _history(checkpoint, sharded: bool) -> list[dict[str, Any]]:
+    if sharded:
         from ddpguide.sharding.dcp import find_checkpoint, read_extra
 
         return list(read_extra(checkpoint).get("history", [])) \
@@ -100,8 +102,8 @@ def _history(checkpoint, strategy: str = "ddp") -> list[dict[str, Any]]:
 
 def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
     """The JSON report: events, completed epochs in order, recoveries, world sizes."""
-    strategy = getattr(settings, "strategy", "ddp")
-    history = _history(cluster.checkpoint, strategy)
+    strategy = getattr(settings, "strategy", WorkerArgs.strategy)
+    history = _history(cluster.checkpoint, STRATEGIES[strategy].sharded)
     epoch_times: dict[int, float] = {}
     for entry in log.entries:
         if entry["event"] == "epoch":
@@ -146,8 +148,9 @@ def summary(report: dict[str, Any]) -> str:
     ]
     reshards = [f"{g['saved_by']} -> {g['world_size']} ranks" for g in report["groups"]
                 if g.get("saved_by", g["world_size"]) != g["world_size"]]
-    if report["settings"].get("strategy") == "fsdp":
-        lines.append(f"  sharded checkpoint (FSDP2 + DCP), resharded on load: "
+    choice = STRATEGIES[report["settings"].get("strategy", WorkerArgs.strategy)]
+    if choice.sharded:
+        lines.append(f"  sharded checkpoint ({choice.title} + DCP), resharded on load: "
                      f"{', '.join(reshards) or 'never'}")
     for r in report["recoveries"]:
         lines.append(f"  {r['cause']:>5}: {r['seconds']:.1f} s to the first step at world "

@@ -78,12 +78,7 @@ def run(args: WorkerArgs) -> None:
     config = TrainConfig(model="toy", epochs=args.epochs, batch_size=args.batch_size,
                          checkpoint=args.checkpoint, step_delay_s=args.step_delay,
                          progress=False, log=True)
-    strategy = None  # the loop's default: DDP
-    if args.strategy == "fsdp":
-        from ddpguide.sharding.fsdp_strategy import FSDP2
-
-        strategy = FSDP2()
-    fit(config, data=toy_data(args.samples), on_event=on_event, strategy=strategy)
+    fit(config, data=toy_data(args.samples), on_event=on_event, strategy=args.strategy_choice.build())
     if events and rank == 0:
         events.write("finished")
     cleanup()

@@ -7,12 +7,21 @@ the workers' command line with :meth:`WorkerArgs.argv`, and the worker reads
 them back with :meth:`WorkerArgs.parse`. A new worker option (say a training
 ``strategy``) is one new field here, with ``choices`` in its metadata.
 
+:data:`STRATEGIES` is the one registry of training strategies by the name the
+command line gives them: each entry says what the control plane must know of
+its strategy (a sharded DCP directory or one checkpoint file, what a node's
+forkserver should import) and builds the strategy object in the worker
+(:class:`ddpguide.train.strategy.DDP`, :class:`ddpguide.sharding.fsdp_strategy.FSDP2`),
+whose own ``name`` and ``sharded`` the tests hold equal to the entry's. Past the
+command line, elastic code asks the entry, never the name.
+
 Nothing here imports torch: a bad value is reported at once.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -23,7 +32,38 @@ from ddpguide.elastic.settings import UsageError
 # toy_data holds (samples + 128) x 10 float32 features in every worker.
 MAX_SAMPLES = 1_000_000
 MAX_STEP_DELAY_S = 60.0   # a stand-in for compute, not a way to stall a job
-STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """A training strategy as the control plane sees it, without importing torch."""
+
+    name: str
+    title: str                 # as the demo names it
+    sharded: bool              # every rank saves its pieces into a DCP directory (else rank 0, one file)
+    checkpoint_name: str       # the checkpoint's name in a demo's work directory
+    preload: tuple[str, ...]   # modules a node's forkserver imports for the workers
+    build: Callable[[], Any]   # the strategy object, built in the worker (imports torch)
+
+
+def _ddp() -> Any:
+    from ddpguide.train.strategy import DDP
+
+    return DDP()
+
+
+def _fsdp2() -> Any:
+    from ddpguide.sharding.fsdp_strategy import FSDP2
+
+    return FSDP2()
+
+
+STRATEGIES = {
+    "ddp": StrategyChoice("ddp", "DDP", sharded=False, checkpoint_name="checkpoint.pt",
+                          preload=(), build=_ddp),
+    "fsdp": StrategyChoice("fsdp", "FSDP2", sharded=True, checkpoint_name="checkpoint",
+                           preload=("ddpguide.sharding.fsdp_strategy",), build=_fsdp2),
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +87,12 @@ class WorkerArgs(CommandLine):
         node_flag="--worker-timeout"))
     strategy: str = field(default="ddp", metadata=option(
         "ddp: DDP, rank 0 saves one checkpoint file; fsdp: FSDP2 (fully_shard), every rank "
-        "saves its shards into a DCP directory", str, choices=STRATEGIES))
+        "saves its shards into a DCP directory", str, choices=tuple(STRATEGIES)))
+
+    @property
+    def strategy_choice(self) -> StrategyChoice:
+        """The registry's entry for ``strategy``."""
+        return STRATEGIES[self.strategy]
 
     @classmethod
     def parse(cls, argv: list[str] | None = None,

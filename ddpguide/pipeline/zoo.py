@@ -3,40 +3,28 @@
 :func:`compute_actions` gives each rank's forwards (F), full backwards (B),
 backward-input (I) and backward-weight (W) passes in the order that rank runs
 them, taken from the library's own ``pipeline_order`` for the multi-stage
-schedules. :func:`simulate` plays them on an idealised machine (a forward or
-a backward-input or a backward-weight of one chunk, one micro-batch through one
-stage, takes one time unit, a full backward two, transfers take no time) and
-counts the idle slots; :func:`bubble_formula` is the closed form each schedule
-is known by. :func:`in_flight` counts the chunks whose activations a rank holds.
+schedules. :func:`simulate` plays them on the idealised machine of
+:mod:`ddpguide.pipeline.timeline` (by default a forward, a backward-input or a
+backward-weight of one chunk, one micro-batch through one stage, takes one time
+unit, a full backward two, transfers take no time) and counts the bubble, idle
+over busy time; :func:`bubble_formula` is the closed form each schedule is
+known by. :func:`in_flight` counts the chunks whose activations a rank holds.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from types import SimpleNamespace
 
-import numpy as np
+from ddpguide.pipeline import timeline
+from ddpguide.pipeline.timeline import KINDS, Costs, Op, Timeline
 
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
              "ZBVZeroBubble", "DualPipeV")
 SINGLE = ("GPipe", "1F1B")
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-COSTS = {"F": 1, "I": 1, "W": 1, "B": 2}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One compute action: ``kind`` F, B, I or W of micro-batch ``mb`` on stage ``stage``."""
-
-    stage: int
-    kind: str
-    mb: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -116,7 +104,7 @@ def compute_actions(schedule: str, pp: int, m: int) -> list[list[Op]]:
                 continue
             for sub in (a.sub_actions or (a,)):
                 kind = sub.computation_type.value
-                if kind in COSTS:
+                if kind in KINDS:
                     order.append(Op(sub.stage_index, kind, sub.microbatch_index))
         ranks.append(order)
     return ranks
@@ -129,82 +117,24 @@ def comm_actions(schedule: str, pp: int, m: int) -> list[list[str]]:
     return [[str(a) for a in actions] for actions in _library_ops(schedule, pp, m, with_comms=True)]
 
 
-@dataclass
-class Timeline:
-    """A schedule played on the idealised machine: ``grid[r, t]`` is the action rank r
-    runs in time unit t (None when idle)."""
-
-    schedule: str
-    pp: int
-    microbatches: int
-    grid: np.ndarray
-
-    @property
-    def makespan(self) -> int:
-        return self.grid.shape[1]
-
-    @property
-    def idle(self) -> int:
-        return int(sum(op is None for op in self.grid.flat))
-
-    @property
-    def busy(self) -> int:
-        return self.grid.size - self.idle
-
-    @property
-    def bubble(self) -> Fraction:
-        """Idle time over compute time, all ranks together: (p-1)/m for 1F1B."""
-        return Fraction(self.idle, self.busy)
-
-
-def simulate(schedule: str, pp: int, m: int) -> Timeline:
-    """Play each rank's actions in order, each as soon as its input is ready.
-
-    F(s, i) waits for F(s-1, i); B or I of (s, i) for B or I of (s+1, i) (the
-    last stage for its own forward); W(s, i) for I(s, i).
-    """
-    ranks = compute_actions(schedule, pp, m)
-    n_stages = pp * stages_per_rank(schedule)
-    done: dict[tuple[int, str, int], int] = {}
-    free, pos, spans = [0] * pp, [0] * pp, []
-    while any(p < len(r) for p, r in zip(pos, ranks)):
-        moved = False
-        for r, order in enumerate(ranks):
-            while pos[r] < len(order):
-                op = order[pos[r]]
-                if op.kind == "F":
-                    deps = [(op.stage - 1, "F", op.mb)] if op.stage else []
-                elif op.kind == "W":
-                    deps = [(op.stage, "I", op.mb)]
-                elif op.stage == n_stages - 1:
-                    deps = [(op.stage, "F", op.mb)]
-                else:
-                    deps = [(op.stage + 1, k, op.mb) for k in "BI" if (op.stage + 1, k, op.mb) in done]
-                    deps = deps or [(op.stage + 1, "I", op.mb)]
-                if any(d not in done for d in deps):
-                    break
-                start = max([free[r], *(done[d] for d in deps)])
-                free[r] = done[(op.stage, op.kind, op.mb)] = start + COSTS[op.kind]
-                spans.append((r, start, free[r], op))
-                pos[r] += 1
-                moved = True
-        if not moved:  # pragma: no cover - only a broken order deadlocks
-            raise RuntimeError(f"{schedule} deadlocks")
-    grid = np.full((pp, max(free)), None, dtype=object)
-    for r, start, end, op in spans:
-        grid[r, start:end] = [op] * (end - start)
-    return Timeline(schedule, pp, m, grid)
+def simulate(schedule: str, pp: int, m: int, costs: Costs | None = None) -> Timeline:
+    """The schedule's action lists played by :func:`ddpguide.pipeline.timeline.simulate`."""
+    return timeline.simulate(compute_actions(schedule, pp, m), pp * stages_per_rank(schedule),
+                             costs, schedule, m)
 
 
 def bubble_formula(schedule: str, pp: int, m: int) -> Fraction:
-    """The closed form of idle over compute time, with F = I = W = 1, B = I + W.
+    """The closed form of the bubble (idle over busy time) each schedule is known by.
 
-    GPipe, 1F1B and looped BFS: (p-1)/m (the pipeline fills and drains once,
-    (p-1)(F+B) per rank, against m(F+B) of work); interleaved 1F1B: (p-1)/(v m)
-    (the same fill with chunks 1/v as long); the zero-bubble schedules fill the
-    drain with W passes and leave (p-1)(F+I-W) per rank: (p-1)/(3 v m). The
-    looped schedules reach it from m >= p on, ZBV from m >= 2p - 1 (the
-    micro-batches its V needs), DualPipeV from its least m = 2p; below, more idles.
+    GPipe and 1F1B: (p-1)/m (the pipeline fills and drains once, (p-1)(F+B) per
+    rank, against m(F+B) of work); interleaved 1F1B and looped BFS: (p-1)/(v m)
+    (the same fill with chunks 1/v as long). These hold at any F and B. The
+    zero-bubble schedules fill the drain with W passes and leave the fill, a
+    forward per hop, (p-1)F per rank: (p-1)/(3 v m), which holds only at
+    F = I = W (at other costs the simulator counts more, never less than (p-1)F).
+    The looped schedules reach their formula from m >= p on, ZBV from m >= 2p - 1
+    (the micro-batches its V needs), DualPipeV from its least m = 2p; below,
+    more idles.
     """
     v = stages_per_rank(schedule)
     if schedule in ("GPipe", "1F1B"):
@@ -222,19 +152,10 @@ def formula_holds(schedule: str, pp: int, m: int) -> bool:
 
 
 def in_flight(schedule: str, pp: int, m: int, until: str = "last") -> list[int]:
-    """Per rank, the most chunks whose forward ran and whose backward did not finish.
+    """Per rank, the most chunks held at once (:func:`ddpguide.pipeline.timeline.in_flight`)."""
+    return timeline.in_flight(compute_actions(schedule, pp, m), until)
 
-    ``until="last"``: a chunk is held until its last backward action (B, or W
-    after I); ``until="I"``: until its B or I.
-    """
-    peaks = []
-    for order in compute_actions(schedule, pp, m):
-        held = peak = 0
-        for op in order:
-            if op.kind == "F":
-                held += 1
-            elif op.kind == "B" or (op.kind == "W") == (until == "last"):
-                held -= 1
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+
+def held_until_step_end(schedule: str, pp: int, m: int, share: Fraction = Fraction(1, 2)) -> list[Fraction]:
+    """Per rank, :func:`ddpguide.pipeline.timeline.held_until_step_end` on the schedule's lists."""
+    return timeline.held_until_step_end(compute_actions(schedule, pp, m), share)

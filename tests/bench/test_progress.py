@@ -49,9 +49,29 @@ def test_worker_processes_report_through_the_inherited_channel():
     assert "  x time: 2 s" in err.getvalue() and "  y time: 2 s" in err.getvalue()
 
 
-def test_tick_outside_a_tracked_block_does_nothing(monkeypatch):
-    monkeypatch.delenv(progress.CHANNEL_VARIABLE, raising=False)
-    progress.tick("nothing", figures=[("f", 1.0, "s")])  # no channel: no error, no file
+def test_tick_outside_a_tracked_block_does_nothing(monkeypatch, tmp_path, capfd):
+    channel = tmp_path / "channel"
+    channel.write_text("")
+    monkeypatch.setenv(progress.CHANNEL_VARIABLE, str(channel))  # inside: one line per tick
+    progress.tick("inside", figures=[("f", 1.0, "s")])
+    assert channel.read_text() == '{"case": "inside", "figures": [["f", 1.0, "s"]]}\n'
+    opened = []
+
+    class Watched:  # the module's os, with every os.open recorded
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def open(self, *args, **kwargs):
+            opened.append(args)
+            return os.open(*args, **kwargs)
+
+    monkeypatch.setattr(progress, "os", Watched())
+    monkeypatch.delenv(progress.CHANNEL_VARIABLE)
+    monkeypatch.chdir(tmp_path)
+    progress.tick("nothing", figures=[("f", 1.0, "s")])  # no channel: nothing opened or printed
+    assert opened == [] and capfd.readouterr() == ("", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["channel"]
+    assert channel.read_text().count("\n") == 1
 
 
 def test_an_interrupt_prints_what_was_measured_and_propagates():

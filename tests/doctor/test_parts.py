@@ -424,8 +424,26 @@ def test_small_dev_shm_on_nccl_and_clock_skew_are_problems():
 
 
 def test_fault_injection_stops_only_the_rank_it_names(monkeypatch):
+    import os
+    import signal
+
     from ddpguide.doctor import watch
-    monkeypatch.setenv(watch.STOP_AFTER_GROUP, "1")
+
+    sent = []
+
+    class Watched:  # the module's os, with os.kill recorded instead of sent
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def kill(self, pid, sig):
+            sent.append((pid, sig))
+
+    monkeypatch.setattr(watch, "os", Watched())
+    monkeypatch.setenv(watch.STOP_AFTER_GROUP, " 1 ")
     watch.fault(0, watch.STOP_AFTER_GROUP)  # not rank 1: returns at once
+    assert sent == []
+    watch.fault(1, watch.STOP_AFTER_GROUP)  # rank 1 stops itself
+    assert sent == [(os.getpid(), signal.SIGSTOP)]
     monkeypatch.delenv(watch.STOP_VARIABLE, raising=False)
     watch.fault(1)  # the sweep's variable is unset
+    assert sent == [(os.getpid(), signal.SIGSTOP)]

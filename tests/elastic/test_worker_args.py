@@ -66,3 +66,22 @@ def test_checks_name_the_option_as_its_command_spells_it(change, node, message):
         dataclasses.replace(CUSTOM, **change).validate(node=node)
     assert str(info.value) == message
     assert CUSTOM.validate() is CUSTOM
+
+
+def test_the_strategy_registry_agrees_with_the_strategy_objects():
+    """Each entry's facts are its object's: the control plane asks the entry, the worker
+    trains with what the entry builds."""
+    import importlib
+
+    from ddpguide.elastic.worker_args import STRATEGIES
+
+    assert tuple(STRATEGIES) == ("ddp", "fsdp")
+    assert WorkerArgs.strategy in STRATEGIES
+    for name, choice in STRATEGIES.items():
+        built = choice.build()
+        assert (built.name, built.sharded) == (name, choice.sharded) == (choice.name, choice.sharded)
+        assert choice.checkpoint_name == ("checkpoint" if built.sharded else "checkpoint.pt")
+        for module in choice.preload:
+            assert type(built).__module__ == importlib.import_module(module).__name__
+    args = WorkerArgs.parse(["--checkpoint", "c", "--strategy", "fsdp"])
+    assert args.strategy_choice is STRATEGIES["fsdp"] and type(args.strategy_choice.build()).__name__ == "FSDP2"

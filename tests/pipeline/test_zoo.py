@@ -66,18 +66,3 @@ def test_library_refusals_and_comms():
         zoo.comm_actions("1F1B", 2, 2)
     with pytest.raises(ValueError, match="unknown schedule 'ZB'"):
         zoo.stages_per_rank("ZB")
-
-
-def test_timeline_figure_titles_carry_the_counts():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ddpguide.pipeline.viz import plot_action_timelines
-
-    fig = plot_action_timelines(2, 4, ["1F1B", "ZBVZeroBubble"])
-    titles = [ax.get_title(loc="left") for ax in fig.axes]
-    plt.close(fig)
-    assert titles == ["1F1B: idle/compute 6/24 = 0.250 (formula 1/4 = 0.250)",
-                      "ZBVZeroBubble: idle/compute 2/48 = 0.042 (formula 1/24 = 0.042)"]

@@ -2,13 +2,13 @@ import pytest
 import torch
 
 from ddpguide.core.models import ConvNet, ToyModel, build_model
-from ddpguide.ddp.equivalence import (
+from ddpguide.launch.spawn import spawn
+from ddpguide.train.loop import TrainConfig, fit
+from tests.train.equivalence_workers import (
     ddp_parameters_worker,
     max_abs_difference,
     single_process_parameters,
 )
-from ddpguide.launch.spawn import spawn
-from ddpguide.train.loop import TrainConfig, fit
 
 
 @pytest.mark.timeout(120)

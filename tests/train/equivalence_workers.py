@@ -1,4 +1,4 @@
-"""The central claim of data parallelism, as code that can be checked.
+"""The central claim of data parallelism, as code the tests check (tests/train/test_loop.py).
 
 N ranks, each on its own slice B/N of a batch, with gradients averaged by DDP,
 end with the same parameters as one process on the whole batch B. The reason:
