@@ -190,12 +190,30 @@ def batch_of(data, step, args, seq):
     return rows[:, :-1], rows[:, 1:]
 
 
-def rank_device():
-    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that)."""
+def rank_device() -> torch.device:
+    """This rank's device: GPU LOCAL_RANK when this machine shows one per local rank; cuda:0
+    when the launcher gave each rank a GPU of its own (one device in CUDA_VISIBLE_DEVICES and
+    LOCAL_RANK 0: torchrun --virtual-local-rank); the CPU when no GPU is visible.
+
+    Any other count is refused in one line: nccl refuses two ranks on one GPU, and in its
+    default mode torchrun passes one CUDA_VISIBLE_DEVICES to every worker unchanged, so
+    ranks 1, 2, ... seeing one GPU are sharing it.
+    """
     gpus = torch.cuda.device_count()
-    if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1 and local_rank == 0:
+        return torch.device("cuda", 0)
+    if gpus == 0:
+        return torch.device("cpu")
+    print(f"{gpus} GPU(s) visible for {local_ranks} local ranks: nccl needs a GPU of its own for "
+          f"each rank (run at most {gpus} per node, give each its own with torchrun "
+          "--virtual-local-rank, or hide them with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+          file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def unwrap(name):
@@ -306,7 +324,10 @@ def main():
     history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
     tie = tie_groups(mesh, layout)
     pp_rank = mesh["pp"].get_local_rank()
-    dp_rank = mesh["loss"].get_local_rank() // layout.cp  # the rows of this rank's samples
+    # the rows of this rank's samples: its place among the data-parallel ranks, whose
+    # coordinates are (dp_replicate, dp_shard, ep); the cp ranks of one place share the rows
+    dp_rank = ((mesh["dp_replicate"].get_local_rank() * layout.dp_shard
+                + mesh["dp_shard"].get_local_rank()) * layout.ep + mesh["ep"].get_local_rank())
     cp_rank = mesh["cp"].get_local_rank()
     rows = args.batch // layout.data_parallel
     cols = config.seq // layout.cp
