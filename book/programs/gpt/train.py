@@ -191,13 +191,13 @@ def batch_of(data, step, args, seq):
 
 
 def rank_device() -> torch.device:
-    """This rank's device: GPU LOCAL_RANK when this machine shows one per local rank; cuda:0
-    when the launcher gave each rank a GPU of its own (one device in CUDA_VISIBLE_DEVICES and
-    LOCAL_RANK 0: torchrun --virtual-local-rank); the CPU when no GPU is visible.
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
 
-    Any other count is refused in one line: nccl refuses two ranks on one GPU, and in its
-    default mode torchrun passes one CUDA_VISIBLE_DEVICES to every worker unchanged, so
-    ranks 1, 2, ... seeing one GPU are sharing it.
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
     """
     gpus = torch.cuda.device_count()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -205,15 +205,15 @@ def rank_device() -> torch.device:
     if gpus >= local_ranks:
         return torch.device("cuda", local_rank)
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if gpus == 1 and len(visible) == 1 and local_rank == 0:
+    if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
         return torch.device("cuda", 0)
-    if gpus == 0:
-        return torch.device("cpu")
-    print(f"{gpus} GPU(s) visible for {local_ranks} local ranks: nccl needs a GPU of its own for "
-          f"each rank (run at most {gpus} per node, give each its own with torchrun "
-          "--virtual-local-rank, or hide them with CUDA_VISIBLE_DEVICES= to run on the CPU)",
-          file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    return torch.device("cpu")
 
 
 def unwrap(name):
