@@ -210,9 +210,10 @@ def check_variant(method, causal, full, args):
     out.backward(dout)
     expected = full[causal]
     worst = torch.tensor([(mine_t - whole[:, :, mine]).abs().max().item() for mine_t, whole in
-                          zip((out, q.grad, k.grad, v.grad), expected)], dtype=torch.float64)
+                          zip((out, q.grad, k.grad, v.grad), expected)],
+                         dtype=torch.float64, device=q.device)  # collectives take device tensors
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    counts = torch.tensor([WORK["blocks"], SENT["bytes"]], dtype=torch.float64)
+    counts = torch.tensor([WORK["blocks"], SENT["bytes"]], dtype=torch.float64, device=q.device)
     gathered = [torch.zeros_like(counts) for _ in range(world)]
     dist.all_gather(gathered, counts)
     return worst.tolist(), [g.tolist() for g in gathered]
