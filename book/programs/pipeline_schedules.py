@@ -121,16 +121,25 @@ class _Held:
         self.meter.held -= self.nbytes
 
 
-def time_compute(stage, totals):
+def synchronize(device):
+    """Wait for the work queued on the device: a CUDA kernel returns before it has run, so a
+    timer that does not wait measures its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_compute(stage, totals, device):
     """Add the seconds a stage spends in each forward and backward to totals[0]."""
     for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
         method = getattr(stage, name)
 
         def timed(*args, _method=method, **kwargs):
+            synchronize(device)
             start = time.perf_counter()
             try:
                 return _method(*args, **kwargs)
             finally:
+                synchronize(device)
                 totals[0] += time.perf_counter() - start
         setattr(stage, name, timed)
 
@@ -164,7 +173,7 @@ def run_schedule(args, name, m, rank, mesh, device):
     meter = ActivationMeter((args.microbatch_size, args.width))
     busy = [0.0]
     for stage in stages:
-        time_compute(stage, busy)
+        time_compute(stage, busy, device)
     worst_grad = worst_loss = 0.0
     step_seconds, busy_seconds = [], []
     for step in range(args.steps + args.time):
@@ -175,10 +184,12 @@ def run_schedule(args, name, m, rank, mesh, device):
         losses = []
         meter.held = meter.peak = 0
         busy[0] = 0.0
+        synchronize(device)
         start = time.perf_counter()
         with meter.hooks():
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
+        synchronize(device)
         step_seconds.append(time.perf_counter() - start)
         busy_seconds.append(busy[0])
         if step >= args.steps:
