@@ -86,8 +86,11 @@ def shard_model(model, rank, world):
                              "shard_model shards each layer's own parameters and cannot share one")
         owners[id(p)] = name
     for name, layer in model.named_modules():
-        inner = [n for n, m in layer.named_modules() if m is not layer and m._parameters]
-        if layer._parameters and inner:  # its forward may read them without calling them
+        # parameters(recurse=False), not _parameters: a LayerNorm without affine weights
+        # registers weight=None and bias=None, entries that hold no parameter
+        inner = [n for n, m in layer.named_modules()
+                 if m is not layer and any(True for _ in m.parameters(recurse=False))]
+        if any(True for _ in layer.parameters(recurse=False)) and inner:  # its forward may read them
             raise ValueError(f"{name or 'the model'} ({type(layer).__name__}) owns parameters and so "
                              f"does its part {inner[0]}: shard_model hooks layers without such parts")
     shards = []
