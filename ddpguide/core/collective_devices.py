@@ -24,6 +24,7 @@ exit status 3.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import runpy
@@ -35,9 +36,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakTensorKeyDictionary
 
 PLACED = "placed"
+TAG = "_collective_devices_tag"  # the attribute each followed tensor carries
 EXIT_STATUS = 3
 FACTORIES = frozenset({
     "tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
@@ -66,7 +67,6 @@ class Provenance(TorchFunctionMode):
     def __init__(self, folder: str):
         super().__init__()
         self.folder = os.path.realpath(folder) + os.sep
-        self.tags: Any = WeakTensorKeyDictionary()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -75,7 +75,10 @@ class Provenance(TorchFunctionMode):
         if tag is not None:
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):
-                    self.tags[tensor] = tag
+                    # an attribute, not a weak dictionary: torch.utils.swap_tensors (meta
+                    # initialisation, to_empty) refuses a tensor that has a weak reference
+                    with contextlib.suppress(AttributeError, RuntimeError):
+                        setattr(tensor, TAG, tag)
         return out
 
     def tag_of(self, func: Any, args: Any, kwargs: dict[str, Any]) -> str | None:
@@ -92,7 +95,7 @@ class Provenance(TorchFunctionMode):
             return PLACED
         if name == "cpu":
             return self.made_here()
-        tags = [self.tags.get(t) for t in inputs]
+        tags = [getattr(t, TAG, None) for t in inputs]
         if PLACED in tags:
             return PLACED
         return next((tag for tag in tags if tag is not None), None)
@@ -115,7 +118,7 @@ class Provenance(TorchFunctionMode):
             tensor = getattr(leaf, "tensor", leaf)  # a P2POp carries its tensor
             if not isinstance(tensor, torch.Tensor):
                 continue
-            tag = self.tags.get(tensor)
+            tag = getattr(tensor, TAG, None)
             if tag is not None and tag != PLACED:
                 sys.stderr.write(
                     f"collective device check: {collective} was given a tensor made on the host at "
