@@ -12,7 +12,8 @@ Run:  torchrun --standalone --nproc-per-node=2 fsdp2_recipes.py
    shards are filled from the full checkpoint.
 5. Tied weights (the output layer shares the embedding's weight) against one process.
 6. Activation checkpointing with FSDP2: the same gradients, fewer bytes saved for
-   backward, one more all-gather per block in backward.
+   backward, and as many all-gathers (the recomputation reruns each block's MLP inside
+   the FSDP unit, whose parameters are gathered for backward anyway: no hook fires again).
 
 Every check prints `check passed: ...` or `check FAILED: ...`.
 Source: PyTorch's FSDP2 API reference and the torch.distributed.checkpoint.state_dict API.
@@ -21,6 +22,7 @@ Source: PyTorch's FSDP2 API reference and the torch.distributed.checkpoint.state
 import copy
 import datetime
 import os
+import sys
 import warnings
 
 import torch
@@ -113,14 +115,20 @@ def loss_of(model, tokens, targets):
     return nn.functional.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
 
 
+def my_rows(rank, world, rows=VOCAB):
+    """The rows of dimension 0 that fully_shard leaves this rank: it splits as torch.chunk
+    does, ceil(rows / world) a rank and fewer or none on the last (12 on 5 ranks: 3, 3, 3, 3, 0)."""
+    per = -(-rows // world)
+    return slice(min(rank * per, rows), min((rank + 1) * per, rows))
+
+
 def initial_weights(mesh, rank, world):
     own = make(seed=rank)  # as if each rank seeded with its rank, for data or dropout
     sharded = full(shard(copy.deepcopy(own), mesh))
     rank0 = make(seed=0).state_dict()
     mixed = difference(sharded, rank0) > 0 and difference(sharded, own.state_dict()) > 0
-    rows = VOCAB // world
-    mine = torch.equal(sharded["embed.weight"][rank * rows:(rank + 1) * rows],
-                       own.embed.weight[rank * rows:(rank + 1) * rows])
+    rows = my_rows(rank, world)
+    mine = torch.equal(sharded["embed.weight"][rows], own.embed.weight[rows])
     check(mixed and mine, "fully_shard broadcasts nothing: with a seed per rank each rank keeps its "
           "own rows, and the gathered model is neither rank 0's nor this rank's")
 
@@ -238,13 +246,24 @@ def rank_device() -> torch.device:
     """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
 
     GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
-    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
     """
     gpus = torch.cuda.device_count()
-    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
         return torch.device("cuda", 0)
     return torch.device("cpu")
 

@@ -32,6 +32,7 @@ import argparse
 import copy
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -125,16 +126,25 @@ class _Held:
         self.meter.held -= self.nbytes
 
 
-def time_compute(stage, totals):
+def synchronize(device):
+    """Wait for the work queued on the device: a CUDA kernel returns before it has run, so a
+    timer that does not wait measures its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_compute(stage, totals, device):
     """Add the seconds a stage spends in each forward and backward to totals[0]."""
     for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
         method = getattr(stage, name)
 
         def timed(*args, _method=method, **kwargs):
+            synchronize(device)
             start = time.perf_counter()
             try:
                 return _method(*args, **kwargs)
             finally:
+                synchronize(device)
                 totals[0] += time.perf_counter() - start
         setattr(stage, name, timed)
 
@@ -168,7 +178,7 @@ def run_schedule(args, name, m, rank, mesh, device):
     meter = ActivationMeter((args.microbatch_size, args.width))
     busy = [0.0]
     for stage in stages:
-        time_compute(stage, busy)
+        time_compute(stage, busy, device)
     worst_grad = worst_loss = 0.0
     step_seconds, busy_seconds = [], []
     for step in range(args.steps + args.time):
@@ -179,10 +189,12 @@ def run_schedule(args, name, m, rank, mesh, device):
         losses = []
         meter.held = meter.peak = 0
         busy[0] = 0.0
+        synchronize(device)
         start = time.perf_counter()
         with meter.hooks():
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
+        synchronize(device)
         step_seconds.append(time.perf_counter() - start)
         busy_seconds.append(busy[0])
         if step >= args.steps:
@@ -222,13 +234,24 @@ def rank_device() -> torch.device:
     """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
 
     GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
-    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
     """
     gpus = torch.cuda.device_count()
-    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
         return torch.device("cuda", 0)
     return torch.device("cpu")
 

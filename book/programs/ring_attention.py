@@ -215,9 +215,10 @@ def check_variant(method, causal, full, args):
     out.backward(dout)
     expected = full[causal]
     worst = torch.tensor([(mine_t - whole[:, :, mine]).abs().max().item() for mine_t, whole in
-                          zip((out, q.grad, k.grad, v.grad), expected)], dtype=torch.float64)
+                          zip((out, q.grad, k.grad, v.grad), expected)],
+                         dtype=torch.float64, device=q.device)  # collectives take device tensors
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    counts = torch.tensor([WORK["blocks"], SENT["bytes"]], dtype=torch.float64)
+    counts = torch.tensor([WORK["blocks"], SENT["bytes"]], dtype=torch.float64, device=q.device)
     gathered = [torch.zeros_like(counts) for _ in range(world)]
     dist.all_gather(gathered, counts)
     return worst.tolist(), [g.tolist() for g in gathered]
@@ -274,13 +275,24 @@ def rank_device() -> torch.device:
     """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
 
     GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
-    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1).
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
     """
     gpus = torch.cuda.device_count()
-    if gpus >= int(os.environ["LOCAL_WORLD_SIZE"]):
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
         return torch.device("cuda", 0)
     return torch.device("cpu")
 

@@ -73,13 +73,34 @@ def one_gpu_per_rank(gpus: int, local_world_size: int, environ: Mapping[str, str
     """Whether every rank on this machine has a GPU of its own.
 
     True when ``gpus`` (what ``torch.cuda.device_count()`` says in this process)
-    covers every local rank, or when this is a launched worker (``LOCAL_RANK``
-    set) whose ``CUDA_VISIBLE_DEVICES`` leaves it exactly the one GPU it sees.
+    covers every local rank, or when this is a launched worker whose
+    ``CUDA_VISIBLE_DEVICES`` leaves it exactly the one GPU it sees (``srun
+    --gpus-per-task=1``), unless it is a torchrun worker that shares it (:func:`shares_a_gpu`).
     """
     if gpus >= local_world_size:
         return True
     listed = listed_cuda_devices(environ)
-    return gpus == 1 and "LOCAL_RANK" in environ and listed is not None and len(listed) == 1
+    return (gpus == 1 and "LOCAL_RANK" in environ and listed is not None and len(listed) == 1
+            and not shares_a_gpu(gpus, local_world_size, environ))
+
+
+def shares_a_gpu(gpus: int, local_world_size: int, environ: Mapping[str, str]) -> bool:
+    """Whether this torchrun worker sees one GPU that local rank 0 takes too.
+
+    In its default mode torchrun passes its own ``CUDA_VISIBLE_DEVICES`` to every worker
+    unchanged (``local_elastic_agent.py``, "don't override"), so one listed GPU is every
+    worker's; with ``--virtual-local-rank`` each worker gets its own and ``LOCAL_RANK`` 0.
+    """
+    listed = listed_cuda_devices(environ)
+    return (gpus == 1 and local_world_size > 1 and "TORCHELASTIC_RUN_ID" in environ
+            and listed is not None and len(listed) == 1 and environ.get("LOCAL_RANK", "0") != "0")
+
+
+def shared_gpu_refusal(gpus: int, local_world_size: int) -> str:
+    """The line a worker that shares a GPU stops with (the book's programs print the same)."""
+    return (f"{gpus} GPU visible to every one of {local_world_size} local ranks: nccl needs a GPU "
+            "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+            "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
@@ -113,6 +134,9 @@ def select_runtime(
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     enough_gpus = one_gpu_per_rank(gpus, local_world_size, environ)
+    if backend is None and device_type is None and shares_a_gpu(gpus, local_world_size, environ):
+        # it cannot fall back to the CPU alone: local rank 0 has taken the GPU with nccl
+        raise ValueError(shared_gpu_refusal(gpus, local_world_size))
     if device_type is None:
         if backend == "nccl":
             device_type = "cuda"

@@ -31,6 +31,7 @@ COST_LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("FSDP x TP 2 x 2", 4, ("--dp-shard", "2", "--tp", "2")),
     ("PP x FSDP 2 x 2", 4, ("--pp", "2", "--dp-shard", "2")),
     ("EP x FSDP 2 x 2 (MoE)", 4, ("--dp-shard", "2", "--ep", "2", "--experts", "4")),
+    ("CP x EP 2 x 2 (MoE, top-2)", 4, ("--cp", "2", "--ep", "2", "--experts", "4", "--top-k", "2")),
 )
 
 

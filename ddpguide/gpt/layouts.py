@@ -30,7 +30,13 @@ LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("PP x TP 2 x 2", 4, ("--pp", "2", "--tp", "2")),
     ("CP x FSDP 2 x 2", 4, ("--cp", "2", "--dp-shard", "2")),
     ("PP x FSDP x TP 2 x 2 x 2", 8, ("--pp", "2", "--dp-shard", "2", "--tp", "2")),
+    ("EP 2 (MoE)", 2, ("--ep", "2", "--experts", "4")),
+    ("EP 2 (MoE, top-2)", 2, ("--ep", "2", "--experts", "4", "--top-k", "2")),
+    ("DDP x EP 2 x 2 (MoE, top-2)", 4, ("--dp-replicate", "2", "--ep", "2", "--experts", "4",
+                                        "--top-k", "2")),
     ("EP x FSDP 2 x 2 (MoE)", 4, ("--dp-shard", "2", "--ep", "2", "--experts", "4")),
+    ("CP x EP 2 x 2 (MoE, top-2)", 4, ("--cp", "2", "--ep", "2", "--experts", "4", "--top-k", "2")),
+    ("PP x EP 2 x 2 (MoE)", 4, ("--pp", "2", "--ep", "2", "--experts", "4")),
 )
 #: the 16-rank 4-D layout: a slow test of its own (``make test-slow``)
 FOUR_D = ("PP x FSDP x TP x CP 2 x 2 x 2 x 2", 16,

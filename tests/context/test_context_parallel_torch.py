@@ -17,3 +17,19 @@ def test_context_parallel_fails_on_cpu_with_the_kernel_it_has_no_rule_for():
                  echo=False)
     assert launch.returncode != 0, launch.text()
     assert ERROR in launch.program_lines(), launch.text()
+
+
+@pytest.mark.parametrize("worst, dtype, ok", [
+    ([4e-3, 8e-3, 1.5e-2, 2e-2], "bfloat16", True),
+    ([4e-3, 8e-3, 3e-2, 1e-3], "bfloat16", False),  # one gradient beyond it: the run fails
+    ([1e-15, 2e-15, 1e-15, 1e-15], "float64", True),
+    ([1e-15, 2e-15, 1e-6, 1e-15], "float64", False),
+])
+def test_the_comparison_on_gpus_fails_beyond_its_stated_tolerance(worst, dtype, ok):
+    import torch
+
+    from ddpguide.launch.programs import load
+
+    program = load("context_parallel_torch.py")
+    assert program.TOLERANCE == {torch.bfloat16: 2e-2, torch.float64: 1e-10}
+    assert program.within_tolerance(worst, getattr(torch, dtype)) is ok

@@ -117,3 +117,26 @@ def test_what_it_cannot_shard_is_refused_in_one_line():
     assert out["attention"] == ["ValueError", "the model (MultiheadAttention) owns parameters and so does "
                                 "its part out_proj: shard_model hooks layers without such parts"]
     assert out["tuple"] == ["TypeError", "Pair returned tuple: shard_model hooks layers that return one tensor"]
+
+
+@pytest.mark.timeout(180)
+def test_a_layer_whose_part_has_no_parameters_is_sharded():
+    """LayerNorm(elementwise_affine=False) registers weight=None: a part with no parameter."""
+    out = run_case("""
+        class Scaled(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = nn.Parameter(torch.full((6,), 2.0))
+                self.norm = nn.LayerNorm(6, elementwise_affine=False)
+            def forward(self, x):
+                return self.norm(x) * self.scale
+        model, plain = Scaled(), Scaled()
+        shards = program.shard_model(model, 0, 1)
+        x = torch.randn(4, 6)
+        model(x).sum().backward()
+        plain(x).sum().backward()
+        print(json.dumps({"shards": len(shards),
+                          "difference": (shards[0].shard.grad[:6] - plain.scale.grad).abs().max().item()}))
+    """)
+    assert out["shards"] == 1
+    assert out["difference"] <= 1e-12

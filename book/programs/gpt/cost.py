@@ -150,14 +150,24 @@ def _max_rss():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def matmul_peak(m, k, n, dtype, repeats=5):
-    """FLOP/s of this process's best (m x k) @ (k x n) matmul, in the run's dtype."""
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+def synchronize(device):
+    """Wait for the work queued on the device: a CUDA kernel returns before it has run."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(m, k, n, dtype, device, repeats=5):
+    """FLOP/s of this process's best (m x k) @ (k x n) matmul, in the run's dtype, on the
+    run's device (a measured rate at the MLP's shape, not a data-sheet peak)."""
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
     best = math.inf
     for _ in range(repeats):
+        synchronize(device)
         started = time.perf_counter()
         for _ in range(10):
             a @ b
+        synchronize(device)
         best = min(best, (time.perf_counter() - started) / 10)
     return 2 * m * k * n / best
 
@@ -181,8 +191,9 @@ class Meter:
         self.rss_before = _rss()
         rows = args.batch // layout.data_parallel * config.seq // layout.cp
         dist.barrier()  # every rank times its matmul at once: the same contention as training
+        self.device = next(stage.parameters()).device
         self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim,
-                                getattr(torch, args.dtype))
+                                getattr(torch, args.dtype), self.device)
         if dist.get_rank() == 0:
             mine = self.prediction["bytes"][0]
             print("cost predicted, rank 0: " + ", ".join(f"{k} {v} B" for k, v in mine.items())
@@ -197,11 +208,13 @@ class Meter:
             if self.begun == 2:
                 self.counter.__enter__()
                 self.saved.hooks.__enter__()
+            synchronize(self.device)
             self.started = time.perf_counter()
 
     def end(self, step):
         if not self.enabled:
             return
+        synchronize(self.device)
         self.seconds.append(time.perf_counter() - self.started)
         if self.begun == 2:
             self.saved.hooks.__exit__(None, None, None)

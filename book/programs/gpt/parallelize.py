@@ -178,9 +178,11 @@ def apply_fsdp(model, mesh, layout: Layout, in_pipeline: bool):
         if layout.ep > 1 and hasattr(moe, "experts"):
             experts = mesh["ehsdp"] if layout.dp_replicate > 1 else mesh["efsdp"]
             fully_shard(moe.experts, mesh=experts, reshard_after_forward=reshard)
-            # each expert's gradient is already summed over "ep" by the all-to-all's backward:
-            # divide by every data-parallel rank, not by the ones FSDP reduces over
-            moe.experts.set_gradient_divide_factor(float(layout.data_parallel * layout.cp))
+            # FSDP averages each expert's gradient over the ranks it reduces over, but the
+            # all-to-all's backward has already summed it over the "ep" ranks: divide by ep
+            # too. (Not set_gradient_divide_factor: on a mesh of one rank torch 2.14 divides
+            # float64 gradients twice by it, and on gloo float32 needs PREMUL_SUM.)
+            moe.experts.set_all_reduce_hook(lambda grad, ep=layout.ep: grad.div_(ep))
         fully_shard(block, mesh=dense, reshard_after_forward=reshard)
     fully_shard(model, mesh=dense, reshard_after_forward=reshard)
 

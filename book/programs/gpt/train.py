@@ -196,11 +196,29 @@ def batch_of(data, step, args, seq):
     return rows[:, :-1], rows[:, 1:]
 
 
-def rank_device():
-    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that)."""
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
+    """
     gpus = torch.cuda.device_count()
-    if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        return torch.device("cuda", 0)
     return torch.device("cpu")
 
 
@@ -312,7 +330,10 @@ def main():
     history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
     tie = tie_groups(mesh, layout)
     pp_rank = mesh["pp"].get_local_rank()
-    dp_rank = mesh["loss"].get_local_rank() // layout.cp  # the rows of this rank's samples
+    # the rows of this rank's samples: its place among the data-parallel ranks, whose
+    # coordinates are (dp_replicate, dp_shard, ep); the cp ranks of one place share the rows
+    dp_rank = ((mesh["dp_replicate"].get_local_rank() * layout.dp_shard
+                + mesh["dp_shard"].get_local_rank()) * layout.ep + mesh["ep"].get_local_rank())
     cp_rank = mesh["cp"].get_local_rank()
     rows = args.batch // layout.data_parallel
     cols = config.seq // layout.cp

@@ -1,0 +1,51 @@
+"""The programs that time compute wait for the device before they read the clock: on CUDA a
+kernel returns before it has run, so an unsynchronised timer measures launches. Checked with a
+CUDA device simulated (torch.cuda.synchronize recorded); the capstone's matmul rate is
+measured on the run's device, not on the CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from ddpguide.launch.programs import load
+
+CUDA = torch.device("cuda", 0)
+
+
+def test_pipeline_schedules_times_each_stage_call_between_two_synchronisations(monkeypatch):
+    program = load("pipeline_schedules.py")
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", device)))
+
+    class Stage:
+        def forward_one_chunk(self, *args, **kwargs):
+            events.append("forward")
+
+        backward_one_chunk = backward_weight_one_chunk = forward_one_chunk
+
+    stage, totals = Stage(), [0.0]
+    program.time_compute(stage, totals, CUDA)
+    stage.forward_one_chunk()
+    stage.backward_one_chunk()
+    assert events == [("sync", CUDA), "forward", ("sync", CUDA)] * 2
+    events.clear()
+    program.time_compute(stage := Stage(), totals, torch.device("cpu"))
+    stage.forward_one_chunk()
+    assert events == ["forward"]  # the CPU runs each operation before it returns
+
+
+def test_the_capstone_measures_its_matmul_rate_on_the_run_s_device(monkeypatch):
+    cost = load("gpt/cost.py")
+    asked, synced = [], []
+    real_randn = torch.randn
+
+    def randn(*shape, dtype=None, device=None):
+        asked.append(device)
+        return real_randn(*shape, dtype=dtype)  # no GPU here: the numbers come from the CPU
+
+    monkeypatch.setattr(torch, "randn", randn)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    rate = cost.matmul_peak(8, 8, 8, torch.float64, CUDA, repeats=3)
+    assert rate > 0
+    assert asked == [CUDA, CUDA]
+    assert synced == [CUDA] * 6  # before and after each timed repeat
