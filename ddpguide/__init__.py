@@ -77,7 +77,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "launch.spawn", "train.amp", "train.amp_program", "train.loop", "train.syncbn",
     ), ("bench",)),
     "08_sharded_data_parallel": ("8", (
-        "core.runtime", "launch.spawn", "sbp.boxing_rules", "sharding.checks", "sharding.memory",
+        "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules", "sharding.checks",
+        "sharding.memory",
     ), ("bench",)),
     "09_tensor_parallel": ("9", (
         "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
