@@ -54,7 +54,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ), ("bench",)),
     "02_collectives": ("2", (
         "bench.allreduce", "bench.report", "collectives.algorithms", "collectives.demos",
-        "collectives.viz", "core.models", "ddp.by_hand", "launch.programs", "launch.spawn",
+        "collectives.viz", "core.models", "core.runtime", "ddp.by_hand", "launch.programs",
+        "launch.spawn",
     ), ("bench",)),
     "03_torchrun": ("3", (
         "core.runtime", "launch.programs", "launch.torchrun", "launch.torchrun_demo",
@@ -77,7 +78,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "launch.spawn", "train.amp", "train.amp_program", "train.loop", "train.syncbn",
     ), ("bench",)),
     "08_sharded_data_parallel": ("8", (
-        "core.runtime", "launch.spawn", "sbp.boxing_rules", "sharding.checks", "sharding.memory",
+        "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules", "sharding.checks",
+        "sharding.memory",
     ), ("bench",)),
     "09_tensor_parallel": ("9", (
         "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
@@ -85,7 +87,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "sharding.tensor_parallel",
     ), ()),
     "10_debugging": ("10", (
-        "core.processes", "doctor.stacks", "doctor.sweep", "launch.torchrun",
+        "core.processes", "doctor.options", "doctor.stacks", "doctor.sweep", "launch.torchrun",
     ), ("doctor",)),
     "11_context_parallel": ("11", (
         "context.memory", "context.program", "context.viz", "launch.programs",

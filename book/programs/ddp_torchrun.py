@@ -209,21 +209,28 @@ def train_convnet(rank: int, world_size: int, device: torch.device, args) -> dic
     # see amp_ddp.py), differently on every rank.
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler,
                         generator=torch.Generator().manual_seed(args.seed + rank))
+    epoch_losses = []
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)  # without it every epoch repeats the same order
         model.train()
+        loss_sum = torch.zeros((), device=device)
         for images, labels in loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(images.to(device)), labels.to(device))
             loss.backward()
             optimizer.step()
+            loss_sum += loss.detach()  # no .item() per step: it would wait for the GPU
+        # For the log, the mean over every rank's batches, not rank 0's alone: every rank
+        # calls the all-reduce (outside `if rank == 0`); the sampler gives each as many batches.
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+        epoch_losses.append(loss_sum.item() / len(loader))
         if rank == 0:
             save_checkpoint(args.checkpoint, epoch, model.module, optimizer)
-        log(rank, f"epoch {epoch}: last batch loss {loss.item():.4f}, saved {args.checkpoint}")
+        log(rank, f"epoch {epoch}: mean loss {epoch_losses[-1]:.4f} (all ranks), saved {args.checkpoint}")
     accuracy, seen = evaluate(model, test_set, rank, world_size, device, args.batch_size)
     log(rank, f"test accuracy {accuracy:.2%} on {seen} images (all ranks together)")
     return {"dataset": name, "accuracy": accuracy, "test_images": seen,
-            "epochs_run": list(range(start, args.epochs))}
+            "epochs_run": list(range(start, args.epochs)), "epoch_losses": epoch_losses}
 
 
 def worker(rank: int, world_size: int, args):

@@ -87,8 +87,10 @@ def main():
     # optimizer.optim is the plain Adam that updates only this rank's parameters.
     names = {id(p): name for name, p in model.module.named_parameters()}
     owned = [names[id(p)] for group in optimizer.optim.param_groups for p in group["params"]]
-    print(f"[rank {rank}] owns {', '.join(owned)}: Adam state {state_bytes(optimizer.optim)} bytes",
-          flush=True)
+    # One write per line: torchrun runs python -u, where print() writes the text and the
+    # newline separately, and the other rank's line could land between the two.
+    print(f"[rank {rank}] owns {', '.join(owned)}: Adam state {state_bytes(optimizer.optim)} bytes\n",
+          end="", flush=True)
     dist.barrier()
 
     # The same training in one process on the full batch, with plain Adam.

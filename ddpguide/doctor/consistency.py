@@ -146,6 +146,24 @@ def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any
     return problems
 
 
+def nccl_variable_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
+    """On nccl, every ``NCCL_*`` and ``TORCH_NCCL_*`` variable set the same on every rank as on ``reference``."""
+    problems = []
+    theirs = reference.get("nccl_variables", {})
+    for record in records:
+        if "nccl" not in (record["backend"], reference["backend"]):
+            continue  # gloo never reads them
+        mine = record.get("nccl_variables", {})
+        for name in sorted(set(mine) | set(theirs)):
+            if mine.get(name) != theirs.get(name):
+                shown = {k: "unset" if v is None else repr(v) for k, v in
+                         (("mine", mine.get(name)), ("theirs", theirs.get(name)))}
+                problems.append(Problem(record["rank"], record["host"],
+                                        f"{name} {shown['mine']}, but {shown['theirs']} on rank "
+                                        f"{reference['rank']}"))
+    return problems
+
+
 def slow_link_problems(links: dict[str, Any], backend: str) -> list[Problem]:
     """The slowest ring link, when it is under half the median link, on nccl.
 
@@ -180,4 +198,5 @@ def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float
     problems += gpu_problems(records)
     problems += cpu_with_gpu_problems(records)
     problems += version_problems(records, reference)
+    problems += nccl_variable_problems(records, reference)
     return problems

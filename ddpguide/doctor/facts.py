@@ -131,6 +131,10 @@ def backend_versions() -> dict[str, Any]:
     return versions
 
 
+#: environment variables that set nccl's behaviour (nccl's own, and ProcessGroupNCCL's)
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+
+
 def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
                connect_ms: float) -> dict[str, Any]:
     """This rank's record: identity, host, launcher variables, versions, its device."""
@@ -152,6 +156,9 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
         "pid": os.getpid(),
         "launcher": launcher_name(environ),
         "variables": {name: environ.get(name) for name in LAUNCHER_VARIABLES if name in environ},
+        # nccl's settings: a node started with other ones (another image, a stale export) can
+        # choose other transports or protocols than its peers and hang or slow the job
+        "nccl_variables": {k: v for k, v in sorted(environ.items()) if k.startswith(NCCL_PREFIXES)},
         "versions": backend_versions(),
         "backend": runtime.backend,
         "device": device,

@@ -123,6 +123,26 @@ def test_nccl_versions_are_compared_across_ranks():
     assert consistency.version_problems([rank0, {**rank1, "versions": rank0["versions"]}], rank0) == []
 
 
+def test_nccl_variables_are_compared_across_ranks():
+    base = {"rank": 0, "host": HOST, "backend": "nccl"}
+    rank0 = {**base, "nccl_variables": {"NCCL_IB_DISABLE": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}}
+    rank1 = {**base, "rank": 1, "nccl_variables": {"NCCL_IB_DISABLE": "0", "NCCL_DEBUG": "INFO",
+                                                   "TORCH_NCCL_BLOCKING_WAIT": "1"}}
+    assert [p.line() for p in consistency.nccl_variable_problems([rank0, rank1], rank0)] == [
+        f"PROBLEM rank 1 (host {HOST}): NCCL_DEBUG 'INFO', but unset on rank 0",
+        f"PROBLEM rank 1 (host {HOST}): NCCL_IB_DISABLE '0', but '1' on rank 0"]
+    assert consistency.nccl_variable_problems([rank0, {**rank1, "nccl_variables": rank0["nccl_variables"]}],
+                                              rank0) == []
+    on_gloo = [{**r, "backend": "gloo"} for r in (rank0, rank1)]  # gloo never reads them
+    assert consistency.nccl_variable_problems(on_gloo, on_gloo[0]) == []
+
+
+def test_rank_facts_keep_the_nccl_variables_only():
+    env = environ(RANK="1", NCCL_SOCKET_IFNAME="eth0", TORCH_NCCL_ASYNC_ERROR_HANDLING="3", NCCLX="no")
+    record = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)
+    assert record["nccl_variables"] == {"NCCL_SOCKET_IFNAME": "eth0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
 # ---------------------------------------------------------------- local
 
 def test_a_local_rank_gets_what_a_launcher_gives(monkeypatch):

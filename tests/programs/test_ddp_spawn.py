@@ -49,6 +49,11 @@ def test_the_convnet_learns_the_digits_and_counts_every_test_image_once(spawn_de
     assert out["test_images"] == 360  # 180 per rank, none padded
     assert out["accuracy"] > 0.9
     assert out["epochs_run"] == [0, 1, 2]
+    # the logged loss: one mean over every rank's batches per epoch, the same on every rank
+    losses = out["epoch_losses"]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    for epoch, loss in enumerate(losses):
+        assert f"epoch {epoch}: mean loss {loss:.4f} (all ranks)" in result.stdout
     state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert state["epoch"] == 2 and state["optimizer"]["state"]  # momentum buffers saved
     assert not (folder / "checkpoint.pt.tmp").exists()

@@ -29,6 +29,7 @@ def test_torchrun_gives_the_same_result_as_mp_spawn(spawn_default_run, tmp_path)
         assert out[key] == spawned[key], key
     # Same seeds, data and thread count: the same arithmetic (tolerance for safety).
     assert out["accuracy"] == pytest.approx(spawned["accuracy"], abs=1 / 360)
+    assert out["epoch_losses"] == pytest.approx(spawned["epoch_losses"], abs=1e-4)
     for name, weights in out["toy"]["weights"].items():
         torch.testing.assert_close(torch.tensor(weights),
                                    torch.tensor(spawned["toy"]["weights"][name]),
