@@ -38,6 +38,9 @@ class Cluster:
     def env(self, node: Node, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment of a command on ``node``: the socket interface for gloo and nccl."""
         env = dict(os.environ if base is None else base)
+        # One thread per process, as torchrun sets it for two or more local ranks: spinning
+        # OpenMP threads of ranks sharing a few cores slow each other down many times over.
+        env.setdefault("OMP_NUM_THREADS", "1")
         env.update({"GLOO_SOCKET_IFNAME": node.ifname, "NCCL_SOCKET_IFNAME": node.ifname,
                     "DDPGUIDE_CLUSTER": self.run_id, "DDPGUIDE_NODE_RANK": str(node.index),
                     "DDPGUIDE_NODES": str(len(self.nodes)),

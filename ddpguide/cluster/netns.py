@@ -133,8 +133,8 @@ def create(run_id: str, spec: Spec) -> tuple[str, list[Node]]:
 
 
 def burst_bytes(rate_bits: int) -> int:
-    """tbf's bucket: 5 ms at the rate, at least 64 KiB (a TSO packet must fit in it)."""
-    return max(64 * 1024, rate_bits // 8 // 200)
+    """tbf's bucket: 1 ms at the rate, at least 64 KiB (a TSO packet must fit in it)."""
+    return max(64 * 1024, rate_bits // 8 // 1000)
 
 
 def kill_inside(netns: str, grace: float = 2.0) -> None:
