@@ -30,6 +30,31 @@ from ddpguide.cluster.experiments import collectives, ddp_overlap, sharding
 from ddpguide.cluster.spec import parse_rate
 
 LINK, SLOW_LINK = "50mbit", "20mbit"
+#: ratio -> (meaning, reference, goal): the appendix's anchors of this suite.
+ANCHORS: dict[str, tuple[str, str, str]] = {
+    "link_bandwidth_measured_over_configured": (
+        "beta fitted from a point-to-point sweep across the link (TCP payload) / the tbf rate",
+        "1448/1514 = 0.956: the payload share of a full Ethernet frame", "0.9-1.1"),
+    **{f"inter_node_bytes_counted_over_formula_{key}": (
+        f"payload counted by the interfaces (tx_bytes - 66 tx_packets, less the barriers') / "
+        f"the formula, {name}", "", "1.00 +- 0.02")
+       for key, name in (("ring", "flat ring all-reduce"), ("hierarchical", "hierarchical all-reduce"),
+                         ("all_gather", "ring all-gather"), ("reduce_scatter", "gloo reduce-scatter"),
+                         ("fsdp2", "FSDP2 step over 4 ranks"), ("hsdp", "HSDP step 2 x 2"))},
+    "inter_node_bytes_counted_over_formula": ("the case above farthest from 1", "", "1.00 +- 0.02"),
+    "hierarchical_over_flat_time_measured": ("hierarchical / flat all-reduce time, 2 x 2 ranks",
+                                                   "", "< 1"),
+    "hierarchical_over_flat_time_predicted": ("the same, from the alpha-beta fits", "", ""),
+    "hierarchical_over_flat_time_measured_over_predicted": (
+        "measured ratio / predicted ratio", "", "0.8-1.25"),
+    "flat_time_measured_over_predicted": ("flat all-reduce time / alpha-beta prediction", "", ""),
+    "hierarchical_sum_equals_flat": ("1 when both sums are bitwise equal", "", "1"),
+    "exposed_comm_measured_over_predicted_small_buckets": (
+        "DDP step - no_sync step / bucket pipeline prediction, 16 buckets, slow link", "", "0.8-1.25"),
+    "exposed_comm_measured_over_predicted_one_bucket": (
+        "the same, one bucket (nothing overlaps: exposed = the all-reduce alone)", "", "0.8-1.25"),
+    "exposed_comm_measured_over_predicted": ("the case above farthest from 1", "", "0.8-1.25"),
+}
 
 
 def worst(values: dict[str, float]) -> float:

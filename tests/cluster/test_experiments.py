@@ -1,0 +1,59 @@
+"""The chapter's programs on a real 2 x 2 cluster, and the bench suite's quick run (slow:
+each torchrun start on the shared cores takes tens of seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ddpguide.bench import cluster as suite
+from ddpguide.cluster import Spec, netns, up
+from ddpguide.cluster.experiments import PROGRAMS, ProgramFailed, run_program
+from ddpguide.cluster.launch import torchrun_argv, torchrun_on
+
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(netns.missing_prerequisite() is not None,
+                                 reason=str(netns.missing_prerequisite()))]
+
+
+def test_torchrun_argv_is_the_command_a_reader_types():
+    with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
+        argv = torchrun_argv(cluster, 1, ["train.py", "--steps", "2"])
+        assert argv[1:] == ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                            "--node-rank", "1", "--rdzv-endpoint", "198.18.0.1:29500",
+                            "train.py", "--steps", "2"]
+        assert cluster.env(cluster.nodes[1])["GLOO_SOCKET_IFNAME"] == cluster.nodes[1].ifname
+
+
+@pytest.mark.slow
+def test_the_books_programs_run_unchanged_on_two_nodes(tmp_path):
+    """DDP, FSDP2, and the GPT on HSDP (2 x 2) and FSDP2 (4), as a reader starts them."""
+    gpt = str(PROGRAMS / "gpt" / "train.py")
+    small = ["--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps", "2"]
+    with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
+        ddp = run_program(cluster, PROGRAMS / "ddp_torchrun.py",
+                          ["--epochs", "1", "--checkpoint", str(tmp_path / "ckpt.pt")], 400)
+        assert ddp["world_size"] == 4
+        for layout in (["--dp-replicate", "2", "--dp-shard", "2"], ["--dp-shard", "4"]):
+            out = tmp_path / "-".join(layout)
+            ended = torchrun_on(cluster, [gpt, *layout, *small, "--out", str(out)], 400, cwd=tmp_path)
+            assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+            losses = json.loads((out / "losses.json").read_text())["losses"]
+            assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+        ended = torchrun_on(cluster, [str(PROGRAMS / "fsdp2.py")], 400, cwd=tmp_path)
+        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+        with pytest.raises(ProgramFailed, match="exit"):
+            run_program(cluster, Path(gpt), ["--tp", "3"], 200)  # a bad layout: exit 2 on every node
+
+
+@pytest.mark.slow
+def test_bench_quick_run_counts_the_formulas():
+    report = suite.run(quick=True)
+    ratios = report.ratios
+    assert 0.9 <= ratios["link_bandwidth_measured_over_configured"] <= 1.1
+    for case in ("ring", "hierarchical", "all_gather", "reduce_scatter", "fsdp2", "hsdp"):
+        assert abs(ratios[f"inter_node_bytes_counted_over_formula_{case}"] - 1) <= 0.02, case
+    assert ratios["hierarchical_sum_equals_flat"] == 1.0
