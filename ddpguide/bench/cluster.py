@@ -116,7 +116,7 @@ def add_overlap(report: Report, runs: list[dict]) -> None:
         predicted = formulas.exposed_prediction(run)
         report.add(f"exposed_{case}", run["exposed_seconds"], "s", predicted=predicted,
                    buckets=run["buckets"], compute=run["compute_seconds"],
-                   comm_alone=run["comm_seconds"], step=run["step_seconds"])
+                   comm_alone=run["comm_seconds"], step=run["step_seconds"], sweep=run["sweep"])
         report.ratios[f"exposed_comm_measured_over_predicted_{case}"] = (
             run["exposed_seconds"] / predicted["bucketed"] if predicted["bucketed"] > 0 else float("nan"))
 

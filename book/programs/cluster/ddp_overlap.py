@@ -7,7 +7,8 @@ Run on each node K of 2 (one rank per node):
 DDP puts the gradients into buckets of --bucket-mb megabytes (in reverse order of the
 parameters, roughly the order backward produces them) and starts a bucket's all-reduce
 as soon as its last gradient is ready, while backward goes on with earlier layers.
-Timed, each the median of --steps steps: the forward alone; a step under no_sync() (no
+Timed, each the median of --steps steps: sends of a quarter, half and all of the
+gradients' bytes from rank 0 to rank 1 (the link's alpha and beta); the forward alone; a step under no_sync() (no
 all-reduce at all: forward + backward compute); the all-reduce of all gradients alone
 (one flat tensor of the same bytes) and of one float (the per-call latency); a DDP step.
 Whatever of the all-reduce backward could not hide is step - compute ("exposed
@@ -105,6 +106,14 @@ def measure(args, bucket_mb, device, x):
     for work in (compute_only, ddp_step, ddp_step, all_reduce_alone):
         work()  # warm-up: DDP rebuilds its buckets in the order of the first backward
     result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms}
+    sweep = []  # sends from rank 0 to rank 1 across the link: its alpha and beta
+    for size in (grad_bytes // 4, grad_bytes // 2, grad_bytes):
+        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+
+        def send(buf=buf):
+            dist.send(buf, dst=1) if dist.get_rank() == 0 else dist.recv(buf, src=0)
+        sweep.append({"bytes": size, "seconds": median_seconds(send, args.steps)})
+    result["sweep"] = sweep
     for name, work in (("forward", forward_only), ("compute", compute_only),
                        ("comm", all_reduce_alone), ("latency", all_reduce_one), ("step", ddp_step)):
         result[f"{name}_seconds"] = median_seconds(work, args.steps)
