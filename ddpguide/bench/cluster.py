@@ -11,7 +11,9 @@ limits (:mod:`ddpguide.cluster`), the chapter's programs started on both by
   ring all-reduce and the hierarchical one, an all-gather and a reduce-scatter;
 * ``book/programs/cluster/sharding.py``: FSDP2 over all 4 ranks, and HSDP;
 * ``book/programs/cluster/ddp_overlap.py`` on 2 nodes x 1 rank, node 1's link at
-  ``SLOW_LINK``: DDP with small buckets and with one bucket.
+  ``SLOW_LINK``: DDP with small buckets and with one bucket;
+* ``book/programs/cluster/dead_link.py``: node 1's link taken down under a loop of
+  all-reduces; how long gloo waits before it raises.
 
 Bytes are the TCP payload counted by the interfaces themselves
 (``tx_bytes - 66 tx_packets``), less the control messages of the barriers around
@@ -21,15 +23,18 @@ and the parts timed alone, never the run they predict.
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from ddpguide.bench.report import Report
 from ddpguide.cluster import Spec, up
 from ddpguide.cluster import model as formulas
 from ddpguide.cluster.experiments import collectives, ddp_overlap, sharding
+from ddpguide.cluster.faults import dead_link
 from ddpguide.cluster.spec import parse_rate
 
 LINK, SLOW_LINK = "50mbit", "20mbit"
+DEAD_LINK_TIMEOUT = 10.0
 #: ratio -> (meaning, reference, goal): the appendix's anchors of this suite.
 ANCHORS: dict[str, tuple[str, str, str]] = {
     "link_bandwidth_measured_over_configured": (
@@ -54,6 +59,10 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
     "exposed_comm_measured_over_predicted_one_bucket": (
         "the same, one bucket (nothing overlaps: exposed = the all-reduce alone)", "", "0.8-1.25"),
     "exposed_comm_measured_over_predicted": ("the case above farthest from 1", "", "0.8-1.25"),
+    "dead_link_error_after_over_timeout": (
+        "seconds from the last good all-reduce to gloo's error, node 1's link taken down / the "
+        "process group's timeout", "gloo tcp/unbound_buffer.cc: 'Timed out waiting ...ms for recv'",
+        "1.0"),
 }
 
 
@@ -121,6 +130,16 @@ def add_overlap(report: Report, runs: list[dict]) -> None:
             run["exposed_seconds"] / predicted["bucketed"] if predicted["bucketed"] > 0 else float("nan"))
 
 
+def add_dead_link(report: Report, result: dict) -> None:
+    waited = [float(m.group(1)) for line in result["errors"]
+              if (m := re.search(r"raised ([\d.]+) s", line))]
+    report.add("dead_link_error_after", max(waited) if waited else float("nan"), "s",
+               errors=result["errors"], returncodes=result["returncodes"],
+               process_group_timeout=DEAD_LINK_TIMEOUT)
+    report.ratios["dead_link_error_after_over_timeout"] = (
+        max(waited) / DEAD_LINK_TIMEOUT if waited else float("nan"))
+
+
 def run(quick: bool = False) -> Report:
     report = Report("cluster")
     numel, sizes, repeats = (2**19, (2**20, 2**21, 2**22), 2) if quick else (
@@ -134,6 +153,7 @@ def run(quick: bool = False) -> Report:
     with up(Spec(nodes=2, ranks_per_node=1, link="1gbit", slow_node=1,
                  slow_link=SLOW_LINK)) as cluster:
         add_overlap(report, ddp_overlap(cluster, steps=3 if quick else 5))
+        add_dead_link(report, dead_link(cluster, pg_timeout=DEAD_LINK_TIMEOUT))
     bytes_ratios = {k: v for k, v in report.ratios.items()
                     if k.startswith("inter_node_bytes_counted_over_formula_")}
     report.ratios["inter_node_bytes_counted_over_formula"] = worst(bytes_ratios)

@@ -57,3 +57,13 @@ def test_bench_quick_run_counts_the_formulas():
     for case in ("ring", "hierarchical", "all_gather", "reduce_scatter", "fsdp2", "hsdp"):
         assert abs(ratios[f"inter_node_bytes_counted_over_formula_{case}"] - 1) <= 0.02, case
     assert ratios["hierarchical_sum_equals_flat"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_dead_link_makes_gloo_raise_after_the_process_group_timeout():
+    from ddpguide.cluster.faults import dead_link
+
+    with up(Spec(nodes=2, ranks_per_node=1, link="100mbit")) as cluster:
+        result = dead_link(cluster, pg_timeout=5.0)
+    assert result["returncodes"][1] == 1
+    assert all("Timed out waiting 5000ms for recv operation to complete" in e for e in result["errors"])
