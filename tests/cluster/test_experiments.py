@@ -28,28 +28,38 @@ def test_torchrun_argv_is_the_command_a_reader_types():
         assert cluster.env(cluster.nodes[1])["GLOO_SOCKET_IFNAME"] == cluster.nodes[1].ifname
 
 
+GPT = str(PROGRAMS / "gpt" / "train.py")
+SMALL = ["--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps", "2"]
+
+
 @pytest.mark.slow
-def test_the_books_programs_run_unchanged_on_two_nodes(tmp_path):
-    """DDP, FSDP2, and the GPT on HSDP (2 x 2) and FSDP2 (4), as a reader starts them."""
-    gpt = str(PROGRAMS / "gpt" / "train.py")
-    small = ["--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps", "2"]
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", [["--dp-replicate", "2", "--dp-shard", "2"], ["--dp-shard", "4"]],
+                         ids=["hsdp", "fsdp2"])
+def test_the_gpt_runs_unchanged_on_two_nodes(layout, tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
-        ddp = run_program(cluster, PROGRAMS / "ddp_torchrun.py",
-                          ["--epochs", "1", "--checkpoint", str(tmp_path / "ckpt.pt")], 400)
-        assert ddp["world_size"] == 4
-        for layout in (["--dp-replicate", "2", "--dp-shard", "2"], ["--dp-shard", "4"]):
-            out = tmp_path / "-".join(layout)
-            ended = torchrun_on(cluster, [gpt, *layout, *small, "--out", str(out)], 400, cwd=tmp_path)
-            assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
-            losses = json.loads((out / "losses.json").read_text())["losses"]
-            assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
-        ended = torchrun_on(cluster, [str(PROGRAMS / "fsdp2.py")], 400, cwd=tmp_path)
+        ended = torchrun_on(cluster, [GPT, *layout, *SMALL, "--out", str(tmp_path / "out")], 600,
+                            cwd=tmp_path)
         assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
         with pytest.raises(ProgramFailed, match="exit"):
-            run_program(cluster, Path(gpt), ["--tp", "3"], 200)  # a bad layout: exit 2 on every node
+            run_program(cluster, Path(GPT), ["--tp", "3"], 300)  # a bad layout: exit 2 on every node
+    losses = json.loads((tmp_path / "out" / "losses.json").read_text())["losses"]
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ddp_and_fsdp2_programs_run_unchanged_on_two_nodes(tmp_path):
+    with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
+        ended = torchrun_on(cluster, [str(PROGRAMS / "fsdp2.py")], 600, cwd=tmp_path)
+        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+        ddp = run_program(cluster, PROGRAMS / "ddp_torchrun.py",
+                          ["--epochs", "1", "--checkpoint", str(tmp_path / "ckpt.pt")], 600)
+    assert ddp["world_size"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_bench_quick_run_counts_the_formulas():
     report = suite.run(quick=True)
     ratios = report.ratios
