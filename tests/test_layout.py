@@ -1,7 +1,10 @@
 """The package's layout rules (written in ``ddpguide/__init__.py``), read from the imports.
 
 Every ``import`` counts, also those inside functions: a lazy import is still a
-dependency, and a circle through one still loads a module twice.
+dependency, and a circle through one still loads a module twice. The arrows from the
+package to the book's programs count too: which subpackage loads, runs or copies which
+program (``programs.load("...")``, read from the calls), and no program imports the
+package.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ddpguide"
+PROGRAMS = PACKAGE.parent / "book" / "programs"
 MAX_LINES = 300
 
 #: Which subpackages each subpackage may import (besides itself).
@@ -34,6 +38,22 @@ ALLOWED = {
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
               "sharding", "doctor", "context", "experts", "gpt", "cluster"},
 }
+
+
+#: Which programs of book/programs each subpackage may load, run or copy (``launch.programs``).
+PROGRAMS_USED = {
+    "launch": {"ddp_torchrun.py"},
+    "train": {"amp_ddp.py"},
+    "sbp": {"dtensor_regression.py"},
+    "elastic": {"elastic_train.py"},
+    "sharding": {"zero3_by_hand.py", "dcp_reshard.py", "tensor_parallel.py", "fsdp_tp_2d.py"},
+    "context": {"ring_attention.py"},
+    "experts": {"moe_expert_parallel.py"},
+    "gpt": {"gpt/train.py"},
+    "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
+}
+#: the functions of ``ddpguide.launch.programs`` that take a program's name first
+PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "edited_copy", "path_of", "show", "show_diff", "diff"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -142,8 +162,118 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _string_constants(tree: ast.Module) -> dict[str, str]:
+    return {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def programs_used(path: Path, root: Path) -> list[tuple[int, str | None]]:
+    """``(line, program)`` for each call of a ``launch.programs`` function in ``path``; the
+    program read from a string, a module constant (here or imported), or a parameter's
+    default; None where it cannot be read."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = _string_constants(tree)
+    functions, modules, names = {}, set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(root.name):
+            for alias in node.names:
+                if node.module == f"{root.name}.launch.programs" and alias.name in PROGRAM_FUNCTIONS:
+                    functions[alias.asname or alias.name] = alias.name
+                elif node.module == f"{root.name}.launch" and alias.name == "programs":
+                    modules.add(alias.asname or alias.name)
+                names[alias.asname or alias.name] = (node.module, alias.name)
+    defaults: dict[str, list[ast.expr]] = {}
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            positional = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+            for arg, default in [*zip(positional, fn.args.defaults), *zip(fn.args.kwonlyargs, fn.args.kw_defaults)]:
+                if default is not None:
+                    defaults.setdefault(arg.arg, []).append(default)
+
+    def constants_of(module: str) -> dict[str, str]:
+        file = root.parent / Path(*module.split("."))
+        file = file.with_suffix(".py") if file.with_suffix(".py").exists() else file / "__init__.py"
+        return _string_constants(ast.parse(file.read_text())) if file.exists() else {}
+
+    def read(expr: ast.expr, depth: int = 0) -> list[str | None]:
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return [expr.value]
+        if isinstance(expr, ast.Name) and expr.id in here:
+            return [here[expr.id]]
+        if isinstance(expr, ast.Name) and expr.id in names:
+            found = constants_of(names[expr.id][0]).get(names[expr.id][1])
+            if found:
+                return [found]
+        if isinstance(expr, ast.Name) and expr.id in defaults and depth < 2:
+            return [name for default in defaults[expr.id] for name in read(default, depth + 1)]
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in names:
+            found = constants_of(".".join(names[expr.value.id])).get(expr.attr)
+            if found:
+                return [found]
+        return [None]
+
+    used = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            if (isinstance(f, ast.Name) and f.id in functions) or (
+                    isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                    and f.value.id in modules and f.attr in PROGRAM_FUNCTIONS):
+                used += [(node.lineno, name) for name in read(node.args[0])]
+    return used
+
+
+def program_violations(root: Path, programs: Path) -> list[str]:
+    """Every unlisted arrow from the package to a program, and every program that imports
+    the package (a program imports torch and the standard library only)."""
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        if module == f"{root.name}.launch.programs":
+            continue
+        for line, name in programs_used(path, root):
+            sub = subpackage(module)
+            if name is None:
+                problems.append(f"{module}:{line} uses a program whose name cannot be read")
+            elif name not in PROGRAMS_USED.get(sub or "", set()):
+                problems.append(f"{module}:{line} uses program {name}, not listed for {sub} "
+                                "in PROGRAMS_USED")
+    for path in sorted(programs.glob("**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(name.split(".")[0] == root.name for name in names):
+                problems.append(f"{path.relative_to(programs)}:{node.lineno} imports {root.name}")
+    return problems
+
+
 def test_the_package_keeps_its_layout_rules():
     assert violations(PACKAGE) == []
+
+
+def test_the_package_uses_only_the_programs_listed_and_no_program_imports_it():
+    assert program_violations(PACKAGE, PROGRAMS) == []
+
+
+def test_an_unlisted_program_and_a_program_importing_the_package_are_caught(tmp_path, healthy):
+    healthy["launch/__init__.py"] = ""
+    healthy["launch/programs.py"] = "def load(name): pass\n"
+    healthy["train/loop.py"] = ("from ddpguide.launch import programs\nPROGRAM = 'amp_ddp.py'\n"
+                                "def f(program=PROGRAM):\n    programs.load(program)\n"
+                                "    programs.load('zero1.py')\n")
+    healthy["train/other.py"] = ("from ddpguide.launch.programs import run as go\n"
+                                 "from ddpguide.train.loop import PROGRAM\n"
+                                 "def g(name):\n    go(PROGRAM)\n    go(name)\n")
+    programs = tmp_path / "programs"
+    (programs / "gpt").mkdir(parents=True)
+    (programs / "ok.py").write_text("import torch\n")
+    (programs / "gpt" / "train.py").write_text("import model\nfrom ddpguide.core import runtime\n")
+    assert program_violations(write_tree(tmp_path, healthy), programs) == [
+        "ddpguide.train.loop:5 uses program zero1.py, not listed for train in PROGRAMS_USED",
+        "ddpguide.train.other:5 uses a program whose name cannot be read",
+        "gpt/train.py:2 imports ddpguide",
+    ]
 
 
 def test_every_subpackage_has_its_rule():

@@ -15,7 +15,6 @@ Every process the package starts for a lesson or a check goes through :class:`Ra
   everything below it, found by process tree and by a marker variable that every process
   of the group inherits (:data:`LAUNCH_ID_VARIABLE`; it survives re-parenting);
 * one result, :class:`Ended`.
-
 torch's ``torch.distributed.elastic.multiprocessing.start_processes`` (``PContext``) is the
 model: it too starts ranks, tails their logs and closes them with a signal and a timeout.
 It does not fit as the runner: it starts one fixed set of processes at once (a node that
@@ -257,7 +256,6 @@ class Ranks:
 
     def __enter__(self) -> Ranks:
         return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -288,9 +286,12 @@ def _exec_time_environment(environ: Mapping[str, str], method: str):
     if method == "forkserver":
         yield
         return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started now, it does not carry the rank's variables
     saved = dict(os.environ)
     os.environ.clear()
-    os.environ.update(environ)
+    os.environ.update({k: v for k, v in environ.items() if k != LAUNCH_ID_VARIABLE})
     try:
         yield
     finally:

@@ -4,12 +4,12 @@ the command line, and a milestone that never comes."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from ddpguide.core.processes import store_port
 from ddpguide.elastic import __main__ as cli
+from ddpguide.elastic.cluster import LocalCluster
 from ddpguide.elastic.demo import DemoError, DemoSettings, _wait_for, run_cli
 from ddpguide.elastic.report import RunLog
 
@@ -42,8 +42,8 @@ def test_the_command_line_defaults_are_the_demo_settings():
     assert (args.epochs, args.step_delay) == (DemoSettings.epochs, DemoSettings.step_delay)
 
 
-def test_a_milestone_that_never_comes_is_an_error():
-    cluster = SimpleNamespace(poll=list, nodes={})
+def test_a_milestone_that_never_comes_is_an_error(tmp_path):
+    cluster = LocalCluster(tmp_path)  # no node: nothing ever comes
     started = time.monotonic()
     with pytest.raises(DemoError, match=r"^no the end of training within 0.2 s\n$"):
         _wait_for(cluster, RunLog(echo=None), lambda: False, "the end of training", 0.2)

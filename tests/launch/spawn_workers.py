@@ -74,3 +74,8 @@ def touch_and_sleep(folder_prefix: str):
 def debug_level():
     """The debug level c10d runs at in this rank (``TORCH_DISTRIBUTED_DEBUG``)."""
     return dist.get_debug_level().name
+
+
+def keywords(**kwargs):
+    """Return the keyword arguments this rank was called with."""
+    return kwargs

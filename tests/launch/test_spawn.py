@@ -92,6 +92,8 @@ BAD_ARGUMENTS = [
     ((lambda: 1, 2), {}, "fn must be defined at the top level of a module, so that the ranks "
                          "can import it; got tests.launch.test_spawn.<lambda>"),
     ((spawn_workers.report, 0), {}, "world_size must be a positive integer, got 0"),
+    ((spawn_workers.report, 2), {"kwargs": [("a", 1)]},
+     "kwargs must map argument names to values, got [('a', 1)]"),
     ((spawn_workers.report, True), {}, "world_size must be a positive integer, got True"),
     ((spawn_workers.report, 2.0), {}, "world_size must be a positive integer, got 2.0"),
     ((spawn_workers.report, 2), {"timeout": 0},
@@ -158,3 +160,10 @@ def test_a_worker_that_exits_0_without_a_result_is_named():
         spawn(spawn_workers.leave_without_returning, 2, timeout=90, echo=False)
     assert info.value.exitcode == 0
     assert "exited with code 0 but returned no result" in str(info.value)
+
+
+@pytest.mark.multiprocess
+def test_the_function_s_keywords_never_mix_with_spawn_s_own():
+    """``timeout`` and ``echo`` in ``kwargs`` are the function's, not the launch's."""
+    assert spawn(spawn_workers.keywords, 1, kwargs={"timeout": 0, "echo": "x"}, echo=False) == [
+        {"timeout": 0, "echo": "x"}]

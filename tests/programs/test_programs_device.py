@@ -12,8 +12,9 @@ import torch.distributed as dist
 from ddpguide.core.runtime import select_runtime
 from tests.programs.programs_support import PROGRAMS, load_program
 
-TORCHRUN_PROGRAMS = sorted(
-    path.name for path in PROGRAMS.glob("*.py") if "LOCAL_WORLD_SIZE" in path.read_text())
+TORCHRUN_PROGRAMS = sorted(  # every folder's: the GPT's train.py too
+    str(path.relative_to(PROGRAMS)) for path in PROGRAMS.glob("**/*.py")
+    if "LOCAL_WORLD_SIZE" in path.read_text() and path.parent.name != "debug")
 DEBUG_PROGRAMS = sorted(path.name for path in (PROGRAMS / "debug").glob("*.py"))
 
 CASES = [  # (GPUs this process sees, its environment, the device it must use)
@@ -36,12 +37,13 @@ def simulate(monkeypatch, gpus: int, environ: dict[str, str]) -> None:
 
 def test_the_torchrun_programs_are_found():
     assert {"ddp_torchrun.py", "elastic_train.py", "fsdp2.py", "fsdp_tp_2d.py", "zero1.py",
-            "dcp_reshard.py", "tensor_parallel.py", "dtensor_sbp.py"} <= set(TORCHRUN_PROGRAMS)
+            "dcp_reshard.py", "tensor_parallel.py", "dtensor_sbp.py", "gpt/train.py"} <= set(TORCHRUN_PROGRAMS)
 
 
 @pytest.mark.parametrize("gpus, environ, expected", CASES)
 @pytest.mark.parametrize("name", TORCHRUN_PROGRAMS)
 def test_a_torchrun_program_uses_the_gpu_of_its_rank(monkeypatch, name, gpus, environ, expected):
+    monkeypatch.syspath_prepend(str((PROGRAMS / name).parent))  # its neighbours (gpt/model.py)
     program = load_program(PROGRAMS / name)
     simulate(monkeypatch, gpus, environ)
     assert str(program.rank_device()) == expected

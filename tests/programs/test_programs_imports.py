@@ -12,6 +12,8 @@ from tests.programs.programs_support import PROGRAMS
 
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "sklearn"}
 NAMES = sorted(path.name for path in PROGRAMS.glob("*.py"))
+#: every program and module below book/programs, in every folder (gpt/, debug/)
+ALL = sorted(str(path.relative_to(PROGRAMS)) for path in PROGRAMS.glob("**/*.py"))
 
 
 def imported_modules(tree: ast.Module) -> set[str]:
@@ -31,10 +33,16 @@ def test_the_programs_are_there():
             "pipeline_pipelining.py"} <= set(NAMES)
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_every_folder_of_programs_is_checked():
+    assert {"gpt/train.py", "gpt/model.py", "debug/deadlock.py", "ddp_spawn.py"} <= set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
 def test_a_program_imports_nothing_but_the_allowed_libraries(name):
-    tree = ast.parse((PROGRAMS / name).read_text(), filename=name)
-    outside = imported_modules(tree) - ALLOWED
+    path = PROGRAMS / name
+    tree = ast.parse(path.read_text(), filename=name)
+    neighbours = {p.stem for p in path.parent.glob("*.py")} if path.parent != PROGRAMS else set()
+    outside = imported_modules(tree) - ALLOWED - neighbours
     assert not outside, f"{name} imports {sorted(outside)}"
 
 
