@@ -22,6 +22,7 @@ chapter                         where its machinery lives
 12 mixture of experts           ``experts``
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.timeline``, ``pipeline.viz``
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
+15 from a laptop to a cluster   ``cluster`` (``python -m ddpguide.cluster``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -101,6 +102,10 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "14_gpt_capstone": ("14", (
         "gpt.layouts", "launch.programs",
     ), ("bench", "gpt")),
+    "15_cluster": ("15", (
+        "cluster.cluster", "cluster.experiments", "cluster.launch", "cluster.model", "cluster.netns",
+        "cluster.spec",
+    ), ("bench", "cluster")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

@@ -21,6 +21,8 @@ SUITES = {
     "gpt": "the GPT on several layouts: bytes counted against predicted, MFU, step time predicted "
            "from a narrow model's step and the growth of compute and bytes, activation checkpointing, "
            "compile (chapter 14)",
+    "cluster": "two nodes in network namespaces joined by a rate-limited link: alpha-beta, bytes "
+               "on the link against the formulas, hierarchical against flat, DDP overlap (chapter 15)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

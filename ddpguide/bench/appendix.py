@@ -8,6 +8,7 @@ import html
 import json
 import os
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 
@@ -155,6 +156,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "compile_step_over_eager": Anchor("step time, --compile (every block) / eager, 1 process", "", ""),
     },
 }
+ANCHORS["cluster"] = {n: Anchor(*t) for n, t in import_module("ddpguide.bench.cluster").ANCHORS.items()}
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
 
 

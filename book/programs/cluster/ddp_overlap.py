@@ -1,0 +1,153 @@
+"""DDP on a slow link: how much of the gradient all-reduce hides behind backward.
+
+Run on each node K of 2 (one rank per node):
+  GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 1 --node-rank K \\
+      --rdzv-endpoint NODE0_ADDR:29500 ddp_overlap.py --layer-ms 15 --out result.json
+
+DDP puts the gradients into buckets of --bucket-mb megabytes (in reverse order of the
+parameters, roughly the order backward produces them) and starts a bucket's all-reduce
+as soon as its last gradient is ready, while backward goes on with earlier layers.
+Timed, each the median of --steps steps: sends of a quarter, half and all of the
+gradients' bytes from rank 0 to rank 1 (the link's alpha and beta); the forward alone; a step under no_sync() (no
+all-reduce at all: forward + backward compute); the all-reduce of all gradients alone
+(one flat tensor of the same bytes) and of one float (the per-call latency); a DDP step.
+Whatever of the all-reduce backward could not hide is step - compute ("exposed
+communication").
+
+--layer-ms makes each layer's backward take that many milliseconds more, waiting
+rather than computing, as a GPU kernel of that length would leave the CPU free: on
+a machine whose cores are shared, a wait keeps its length, where a computation
+stretches with the load.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def rank_device() -> torch.device:
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
+
+
+class Wait(torch.autograd.Function):
+    """The identity, whose backward waits ``seconds`` (a kernel of known length)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Layer(nn.Module):
+    def __init__(self, width, wait_ms):
+        super().__init__()
+        self.linear, self.wait = nn.Linear(width, width), wait_ms / 1e3
+
+    def forward(self, x):
+        x = torch.relu(self.linear(x))
+        return Wait.apply(x, self.wait) if self.wait > 0 else x
+
+
+def median_seconds(work, steps):
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        work()
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        times.append(took.item())
+    return statistics.median(times)
+
+
+def measure(args, bucket_mb, device, x):
+    """Time one DDP model with buckets of ``bucket_mb`` MB (see the module's docstring)."""
+    torch.manual_seed(0)
+    layers = [Layer(args.width, args.layer_ms) for _ in range(args.layers)]
+    model = DDP(nn.Sequential(*layers).to(device), bucket_cap_mb=bucket_mb)
+    grad_bytes = sum(q.numel() * q.element_size() for q in model.parameters())
+
+    def forward_only():
+        with torch.no_grad():
+            model(x)
+
+    def compute_only():
+        with model.no_sync():
+            model(x).square().mean().backward()
+
+    def ddp_step():
+        model(x).square().mean().backward()
+
+    flat, one = torch.zeros(grad_bytes // 4, device=device), torch.zeros(1, device=device)
+
+    def all_reduce_alone():
+        dist.all_reduce(flat)
+
+    def all_reduce_one():
+        dist.all_reduce(one)
+
+    for work in (compute_only, ddp_step, ddp_step, all_reduce_alone):
+        work()  # warm-up: DDP rebuilds its buckets in the order of the first backward
+    result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms}
+    sweep = []  # sends from rank 0 to rank 1 across the link: its alpha and beta
+    for size in (grad_bytes // 4, grad_bytes // 2, grad_bytes):
+        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+
+        def send(buf=buf):
+            dist.send(buf, dst=1) if dist.get_rank() == 0 else dist.recv(buf, src=0)
+        sweep.append({"bytes": size, "seconds": median_seconds(send, args.steps)})
+    result["sweep"] = sweep
+    for name, work in (("forward", forward_only), ("compute", compute_only),
+                       ("comm", all_reduce_alone), ("latency", all_reduce_one), ("step", ddp_step)):
+        result[f"{name}_seconds"] = median_seconds(work, args.steps)
+    # The buckets DDP built, in the order it all-reduces them (bytes each).
+    result["buckets"] = [b.buffer().numel() * b.buffer().element_size()
+                         for b in model.reducer._get_zeros_like_grad_buckets()]
+    result["exposed_seconds"] = max(0.0, result["step_seconds"] - result["compute_seconds"])
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser(description="exposed communication of DDP on a slow link")
+    p.add_argument("--bucket-mb", default="0.0625,25", help="DDP's bucket_cap_mb, one run each")
+    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--layer-ms", type=float, default=0.0, help="added backward wait per layer")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", help="rank 0 writes the results here as JSON")
+    args = p.parse_args()
+    device = rank_device()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
+    x = torch.randn(args.batch, args.width, device=device)
+    runs = [measure(args, float(mb), device, x) for mb in args.bucket_mb.split(",")]
+    if dist.get_rank() == 0:
+        for run in runs:
+            print(f"buckets of {run['bucket_mb']} MB ({len(run['buckets'])} buckets): compute "
+                  f"{run['compute_seconds']:.3f} s, all-reduce alone {run['comm_seconds']:.3f} s, "
+                  f"DDP step {run['step_seconds']:.3f} s, exposed {run['exposed_seconds']:.3f} s")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(runs, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

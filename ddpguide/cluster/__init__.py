@@ -1,0 +1,17 @@
+"""A cluster on one machine: nodes are network namespaces joined by rate-limited links.
+
+``with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:`` makes
+the nodes for the block; ``python -m ddpguide.cluster up|run|down|list`` does
+the same from a shell (see :mod:`ddpguide.cluster.__main__`). Modules:
+
+* :mod:`~ddpguide.cluster.spec`: the shape, names and addresses, checked first;
+* :mod:`~ddpguide.cluster.netns`: ``ip``/``tc`` calls and the ownership records;
+* :mod:`~ddpguide.cluster.cluster`: the context manager and a running cluster;
+* :mod:`~ddpguide.cluster.processes`: the one place processes are started.
+"""
+
+from ddpguide.cluster.cluster import Cluster, up
+from ddpguide.cluster.netns import MissingPrerequisite
+from ddpguide.cluster.spec import Node, Spec
+
+__all__ = ["Cluster", "MissingPrerequisite", "Node", "Spec", "up"]

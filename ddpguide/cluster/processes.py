@@ -1,0 +1,60 @@
+"""Every process the cluster package starts goes through :func:`run_all`, on the one runner.
+
+:func:`run_all` starts commands side by side (each usually prefixed with
+``ip netns exec NODE``) as ranks of :class:`ddpguide.launch.ranks.Ranks`, waits
+for all of them up to one deadline, and on a failure of any (or the deadline,
+or Ctrl-C) stops every process tree it started, so that one dead rank never
+leaves the others waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ddpguide.launch.ranks import Command, Ranks
+
+
+@dataclass
+class Finished:
+    """One command's end: its exit status (None: stopped), output, and the group's seconds."""
+
+    argv: list[str]
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, str]] | None = None,
+            cwd: str | Path | None = None, fail_fast: bool = True, capture: bool = True,
+            echo: Callable[[str], None] | None = None) -> list[Finished]:
+    """Run ``commands`` side by side; every one is done, or stopped, within ``timeout`` s.
+
+    With ``fail_fast``, the first non-zero exit stops the others. Output is
+    captured per command (``capture``); without it, lines are echoed as they come.
+    """
+    with tempfile.TemporaryDirectory(prefix="ddpguide-cluster-") as folder, \
+            Ranks(echo=None if capture else (echo or (lambda line: print(line, flush=True))),
+                  workdir=folder) as group:
+        logs = [(Path(folder, f"{k}.out"), Path(folder, f"{k}.err")) for k in range(len(commands))]
+        for k, argv in enumerate(commands):
+            group.start(Command(argv, cwd=cwd, base_env=None if env is None else env[k],
+                                log=logs[k][0] if capture else None,
+                                errors=logs[k][1] if capture else None))
+        try:
+            group.wait(timeout, failure_grace=0.0 if fail_fast else timeout)
+        finally:
+            codes = group.returncodes()
+            group.stop(grace=3.0)
+        ended = group.ended()
+        return [Finished(argv, codes[k], read(logs[k][0]), read(logs[k][1]), ended.seconds)
+                for k, argv in enumerate(commands)]
+
+
+def read(path: Path) -> str:
+    """A log's text ('' when the command wrote nothing)."""
+    return path.read_text(errors="replace") if os.path.exists(path) else ""
