@@ -130,7 +130,7 @@ def stage_parameters(m, lay, stage):
     """(rows, columns, kind) of every parameter a stage holds, split by TP (Megatron's
     column/row split; the embedding by vocabulary rows; norms whole)."""
     t, d, h = lay.tp, m.dim, m.ffn
-    per = m.layers // lay.pp
+    per = -(-m.layers // lay.pp)  # the busiest stage's blocks
     out = []
     for _ in range(per):
         out += [(d, 1, "dense"), (d, 1, "dense")]  # two RMSNorm weights
@@ -191,7 +191,7 @@ def activations(m, lay, pol, rows, seq, stage):
         per_block = x // t
     elif lay.ac == "selective":  # every other block recomputed (torchtitan's layer option)
         per_block = (per_block + x // t) / 2
-    total = m.layers // lay.pp * per_block * B
+    total = -(-m.layers // lay.pp) * per_block * B
     if stage == 0:
         total += rows * seq * 8  # the token ids
     if stage == lay.pp - 1:
@@ -214,7 +214,7 @@ def memory(m, lay, pol, batch, seq, rank=0):
         params += shards(r, n, i) * c
         whole += r * c
         count += 1
-    per = m.layers // lay.pp
+    per = -(-m.layers // lay.pp)  # the busiest stage's blocks
     whole_block = (whole - (m.vocab // lay.tp * m.dim) * (1 + (not m.tied and stage == lay.pp - 1))) / per
     rows = batch // lay.data_parallel // (lay.microbatches if lay.pp > 1 else 1)
     act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage)
@@ -276,7 +276,7 @@ def step(m, lay, pol, hw, batch, seq):
     mb = lay.microbatches if lay.pp > 1 else 1
     rows = batch // lay.data_parallel // mb
     tokens = rows * seq // cp  # this rank's tokens in one micro-batch
-    per = m.layers // lay.pp
+    per = -(-m.layers // lay.pp)  # the busiest stage's blocks
     f8 = pol.float8
     share = 1.0
     if hw.cores:  # ranks of a node share its cores: each runs at cores / ranks of the rate
@@ -395,7 +395,7 @@ def measure(path, threads=1, seconds=0.2):
         for k in (16, 64, 256, 1024):
             for n in (16, 64, 256, 1024):
                 a, b = torch.randn(m_, k), torch.randn(k, n)
-                rows.append([m_, k, n, 2 * m_ * k * n / timed(lambda: a @ b)])
+                rows.append([m_, k, n, 2 * m_ * k * n / timed(lambda a=a, b=b: a @ b)])
     big = torch.randn(2**22)
     bandwidth = 2 * big.numel() * 4 / timed(lambda: big.mul(1.0001))
     tiny = torch.randn(8)

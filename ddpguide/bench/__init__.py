@@ -21,6 +21,8 @@ SUITES = {
     "gpt": "the GPT on several layouts: bytes counted against predicted, MFU, step time predicted "
            "from a narrow model's step and the growth of compute and bytes, activation checkpointing, "
            "compile (chapter 14)",
+    "plan": "the layout planner's memory and step time predicted from microbenchmarks against measured "
+            "runs of every layout, rank correlation, and against published GPU runs (chapter 16)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]
