@@ -367,9 +367,10 @@ def flops(m, batch, seq):
 
 
 def predict(m, lay, pol, hw, batch, seq):
-    """The whole prediction: memory per rank (every rank), the step and its parts, tokens/s
-    a GPU and MFU against the data-sheet peak."""
-    mems = [memory(m, lay, pol, batch, seq, r) for r in range(lay.world)]
+    """The whole prediction: memory of each stage's busiest rank, the step and its parts,
+    tokens/s a GPU and MFU against the data-sheet peak."""
+    per_stage = lay.world // lay.pp  # each stage's first rank holds the largest (ceil) shards
+    mems = [memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
     s = step(m, lay, pol, hw, batch, seq)
     peak = hw.peak_float8 if pol.float8 and hw.peak_float8 else hw.peak
     tokens = batch * seq / s["total"] / lay.world
