@@ -22,6 +22,7 @@ chapter                         where its machinery lives
 12 mixture of experts           ``experts``
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
+16 choosing a layout            ``plan`` (``python -m ddpguide.plan``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -98,6 +99,10 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "14_gpt_capstone": ("14", (
         "gpt.layouts", "launch.programs",
     ), ("bench", "gpt")),
+    "16_plan": ("16", (
+        "launch.programs", "plan.catalog", "plan.checks", "plan.measure", "plan.published", "plan.search",
+        "plan.viz",
+    ), ("bench", "plan")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

@@ -379,7 +379,7 @@ def predict(m, lay, pol, hw, batch, seq):
             "peak_used": peak}
 
 
-def measure(path, threads=1, seconds=0.2):
+def measure(path, threads=1, seconds=0.1):
     """This machine's matmul rate per shape (one thread, as each rank runs), its memory
     bandwidth and the time of one small operation: written to path (JSON)."""
     torch.set_num_threads(threads)

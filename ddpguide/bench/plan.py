@@ -13,12 +13,15 @@
 * memory: the same runs, and at 8 ranks every layout of the checks' GPT (float64): the
   parts ``train.py --cost`` counts (parameters, gradients, AdamW state, what autograd
   saves) predicted over counted at the busiest rank, ``memory_predicted_over_measured``;
+* ``DDPGUIDE_PLAN_CACHE=DIR`` keeps each finished run of train.py in DIR and reads it back
+  in a later run (an interrupted benchmark resumes; the predictions are made again);
 * published: torchtitan's Llama 3.1 H100 rows predicted (GPU, model only),
   ``published_predicted_over_reported`` per row.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -45,6 +48,7 @@ def run(quick: bool = False) -> Report:
     from tqdm.auto import tqdm
 
     report = Report("plan")
+    cache = os.environ.get("DDPGUIDE_PLAN_CACHE")  # a folder: runs kept, an interrupted run resumed
     p = search.program()
     hw = measure.hardware(p, "this-machine", ranks=4)
     hw.gpus_per_node = 4
@@ -58,13 +62,14 @@ def run(quick: bool = False) -> Report:
     pol = catalog.policy(p, "float32")
     layouts = _plain(p, model, 4, TIME_BATCH, TIME_SEQ)
     if quick:
-        layouts = [lay for lay in layouts if search.name(lay) in ("FSDP 4", "TP 4", "PP x FSDP 2 x 2, 1F1B m2")]
+        layouts = [lay for lay in layouts if search.name(lay) in ("FSDP 4", "PP x FSDP 2 x 2, 1F1B m2")]
     checked = [] if quick else _plain(p, catalog.model(p, "gpt-check"), 8, CHECK_BATCH, CHECK_SEQ)
     bar = tqdm(total=len(layouts) + len(checked), desc="plan", file=sys.stderr, leave=False)
     predicted, dtensor, measured, memory = [], [], [], {}
     for lay in layouts:
         name = search.name(lay)
-        result = measure.run_layout(lay, model, TIME_SEQ, TIME_BATCH, "float32", steps=4 if quick else 6)
+        result = measure.run_layout(lay, model, TIME_SEQ, TIME_BATCH, "float32", steps=4 if quick else 6,
+                                    cache=cache)
         bar.update()
         step = p.step(model, lay, pol, hw, TIME_BATCH, TIME_SEQ)
         predicted.append(step["total"])
@@ -91,7 +96,7 @@ def run(quick: bool = False) -> Report:
     check_model, check_pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
     for lay in checked:
         name = search.name(lay)
-        result = measure.run_layout(lay, check_model, CHECK_SEQ, CHECK_BATCH, "float64", steps=2)
+        result = measure.run_layout(lay, check_model, CHECK_SEQ, CHECK_BATCH, "float64", steps=2, cache=cache)
         bar.update()
         mem = measure.memory_ratios(p, lay, check_model, check_pol, CHECK_SEQ, CHECK_BATCH, result)
         memory[f"8 ranks: {name}"] = mem["peak"]

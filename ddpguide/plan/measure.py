@@ -9,6 +9,7 @@ gloo's all-reduce). :func:`run_layout` runs ``gpt/train.py --cost`` on a layout 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -66,13 +67,23 @@ def model_options(model, seq: int, batch: int, dtype: str) -> tuple[str, ...]:
 
 
 def run_layout(layout, model, seq: int, batch: int, dtype: str, steps: int = 3,
-               timeout: float = 600.0) -> dict:
+               timeout: float = 600.0, cache: str | None = None) -> dict:
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
-    every rank, the median step)."""
+    every rank, the median step). ``cache``: a folder where each finished run is kept and
+    from which the same run is read back instead of run again."""
     extra = (*model_options(model, seq, batch, dtype), "--steps", str(steps), "--clip", "1.0")
     env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "67108864",
            "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    saved = None
+    if cache is not None:  # an interrupted benchmark resumes from the runs it finished
+        key = hashlib.sha256(" ".join((*options(layout), *extra)).encode()).hexdigest()[:16]
+        saved = Path(cache) / f"{key}.json"
+        if saved.is_file():
+            return json.loads(saved.read_text())
     result, _ = gpt_cost.measure(options(layout), layout.world, extra=extra, timeout=timeout, env=env)
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(result))
     return result
 
 
