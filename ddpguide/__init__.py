@@ -23,6 +23,7 @@ chapter                         where its machinery lives
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.timeline``, ``pipeline.viz``
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
 15 from a laptop to a cluster   ``cluster`` (``python -m ddpguide.cluster``)
+16 choosing a layout            ``plan`` (``python -m ddpguide.plan``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -106,6 +107,10 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "cluster.cluster", "cluster.experiments", "cluster.launch", "cluster.model", "cluster.netns",
         "cluster.spec",
     ), ("bench", "cluster")),
+    "16_plan": ("16", (
+        "launch.programs", "plan.catalog", "plan.checks", "plan.measure", "plan.published", "plan.search",
+        "plan.viz",
+    ), ("bench", "plan")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

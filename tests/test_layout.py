@@ -35,8 +35,9 @@ ALLOWED = {
     "experts": {"core", "launch"},
     "gpt": {"core", "launch"},
     "cluster": {"core", "launch"},
+    "plan": {"core", "launch", "gpt"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts", "gpt", "cluster"},
+              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan"},
 }
 
 

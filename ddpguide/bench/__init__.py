@@ -23,6 +23,8 @@ SUITES = {
            "compile (chapter 14)",
     "cluster": "two nodes in network namespaces joined by a rate-limited link: alpha-beta, bytes "
                "on the link against the formulas, hierarchical against flat, DDP overlap (chapter 15)",
+    "plan": "the layout planner's memory and step time predicted from microbenchmarks against measured "
+            "runs of every layout, rank correlation, and against published GPU runs (chapter 16)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

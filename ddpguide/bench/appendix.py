@@ -2,14 +2,14 @@
 (``make bench`` writes ``book/measurements/<suite>.json``), each ratio set beside
 its anchor, with when, where and how it was measured."""
 
-from __future__ import annotations
-
 import html
 import json
 import os
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
+
+from ddpguide.bench.plan_anchors import PLAN_ANCHORS
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
 }
 ANCHORS["cluster"] = {n: Anchor(*t) for n, t in import_module("ddpguide.bench.cluster").ANCHORS.items()}
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
+ANCHORS["plan"] = {k: Anchor(*v) for k, v in PLAN_ANCHORS.items()}
 
 
 def machine_summary() -> str:

@@ -1,0 +1,142 @@
+"""``python -m ddpguide.plan``: every layout of a model on N GPUs, ranked by predicted step time.
+
+    python -m ddpguide.plan --model llama3-8b --gpus 8 --hardware H100 --seq 8192 --global-batch 16
+    python -m ddpguide.plan --model gpt --gpus 4 --gpus-per-node 2 --hardware this-machine --json
+
+Every input is checked before anything runs or is written: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ddpguide.plan import catalog, search
+
+SHAPE = ("layers", "dim", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2
+        sys.stderr.write(f"python -m ddpguide.plan: {message}\n")
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m ddpguide.plan", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="gpt", help=f"one of {', '.join(catalog.MODELS)}")
+    for name in SHAPE:
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, help="change the model's shape")
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, help="(default: the hardware's)")
+    p.add_argument("--hardware", default="H100",
+                   help=f"{', '.join(catalog.HARDWARE)}, this-machine (measured now), cluster, or a JSON file")
+    p.add_argument("--dtype", default="", help=f"one of {', '.join(catalog.POLICIES)} "
+                   "(default: float32 on this machine, bf16 on a GPU)")
+    p.add_argument("--seq", type=int, default=0, help="tokens a sequence (default: 64, 8192 for Llama)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences a step, all GPUs")
+    p.add_argument("--runnable", action="store_true", help="only layouts the capstone's train.py runs")
+    p.add_argument("--top", type=int, default=10, help="rows of the table (0: all)")
+    p.add_argument("--json", action="store_true", help="every layout as JSON on stdout")
+    return p
+
+
+def check(args) -> str | None:
+    """The first thing wrong with the options (None: all is well)."""
+    if args.model not in catalog.MODELS:
+        return f"--model {args.model}: not one of {', '.join(catalog.MODELS)}"
+    for name in (*SHAPE, "gpus", "gpus_per_node", "seq", "global_batch", "top"):
+        value = getattr(args, name)
+        low = 0 if name in ("kv_heads", "experts", "top", "seq") else 1
+        if value is not None and value < low:
+            return f"--{name.replace('_', '-')} {value}: must be at least {low}"
+    if args.dtype and args.dtype not in catalog.POLICIES:
+        return f"--dtype {args.dtype}: not one of {', '.join(catalog.POLICIES)}"
+    known = (*catalog.HARDWARE, "this-machine", "cluster")
+    if args.hardware not in known and not args.hardware.endswith(".json"):
+        return f"--hardware {args.hardware}: not one of {', '.join(known)} nor a .json file"
+    if args.hardware.endswith(".json"):
+        import os
+        if not os.path.isfile(args.hardware):
+            return f"--hardware {args.hardware}: no such file"
+    if args.hardware == "cluster":
+        import importlib.util
+        if importlib.util.find_spec("ddpguide.cluster") is None:
+            return "--hardware cluster: chapter 15's emulated cluster (ddpguide.cluster) is not installed"
+    shape = {**catalog.MODELS[args.model][0],
+             **{k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}}
+    if shape["dim"] % shape["heads"]:
+        return f"--dim {shape['dim']}: does not split into {shape['heads']} heads"
+    if shape.get("experts") and not 1 <= shape.get("top_k", 1) <= shape["experts"]:
+        return f"--top-k {shape.get('top_k')}: between 1 and --experts {shape['experts']}"
+    return None
+
+
+def hardware_of(p, args):
+    if args.hardware in catalog.HARDWARE:
+        hw = catalog.hardware(p, args.hardware)
+    else:
+        from ddpguide.plan import measure
+        hw = measure.hardware(p, args.hardware, ranks=min(args.gpus, 4))
+    if args.gpus_per_node:
+        hw.gpus_per_node = args.gpus_per_node
+    return hw
+
+
+def table(rows: list[dict], hw, top: int) -> str:
+    gib = 2**30
+    lines = ["| # | layout | memory GiB (limit) | step s | compute | bubble | tp/cp/ep/pp | data par. "
+             "| optimizer | tokens/s a GPU | MFU |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(rows[:top] if top else rows):
+        s = r["step"]
+        fit = "" if r["fits"] else " **too big**"
+        lines.append(f"| {i + 1} | {r['name']} | {r['peak_memory'] / gib:.3g} ({hw.memory / gib:.3g}){fit} "
+                     f"| {s['total']:.4g} | {s['compute']:.3g} | {s['bubble']:.3g} | {s['tp_cp_ep_pp']:.3g} "
+                     f"| {s['data_parallel']:.3g} | {s['optimizer']:.3g} | {r['tokens_per_gpu']:.4g} "
+                     f"| {r['mfu']:.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    problem = check(args)
+    if problem:
+        sys.stderr.write(f"python -m ddpguide.plan: {problem}\n")
+        return 2
+    p = search.program()
+    model = catalog.model(p, args.model, **{k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None})
+    gpu = args.hardware in catalog.HARDWARE
+    policy = catalog.policy(p, args.dtype or ("bf16" if gpu else "float32"))
+    seq = args.seq or (8192 if args.model.startswith("llama") else 64 if not gpu else 4096)
+    hw = hardware_of(p, args)
+    progress = None
+    candidates = len(search.layouts(p, model, args.gpus, args.global_batch, seq, args.runnable))
+    if candidates > 200 and not args.json:
+        from tqdm.auto import tqdm
+        progress = lambda items: tqdm(items, desc="layouts", file=sys.stderr)  # noqa: E731
+    rows = search.rank(p, model, policy, hw, args.gpus, args.global_batch, seq, args.runnable, progress)
+    if not rows:
+        sys.stderr.write(f"python -m ddpguide.plan: no layout of --model {args.model} divides "
+                         f"{args.gpus} GPUs and a batch of {args.global_batch}\n")
+        return 2
+    if args.json:
+        from dataclasses import asdict
+        out = [{**{k: v for k, v in r.items() if k != "layout"}, "layout": asdict(r["layout"])}
+               for r in rows]
+        print(json.dumps({"hardware": asdict(hw), "model": asdict(model), "rows": out}))
+        return 0
+    print(f"{args.model} on {args.gpus} x {hw.name} ({hw.gpus_per_node} a node), sequence {seq}, "
+          f"global batch {args.global_batch}, {len(rows)} layouts, {sum(r['fits'] for r in rows)} fit")
+    print(table(rows, hw, args.top))
+    best = rows[0]
+    if best["fits"]:
+        print(f"\nbest: {best['name']}; run it with the capstone's train.py:")
+        print("\n".join(search.command(best["layout"], hw.gpus_per_node)))
+    else:
+        print("\nno layout fits in memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

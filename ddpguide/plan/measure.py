@@ -1,0 +1,102 @@
+"""What the planner's checks measure on this machine: the hardware's inputs (microbenchmarks
+only) and the capstone's ``train.py`` on a layout (its own counting of memory, its step).
+
+:func:`hardware` runs ``plan_cost.py --measure`` (matmul rate per shape, memory bandwidth, the
+time of one small operation) and ``plan_cost.py --sweep`` under ``torchrun`` (alpha and beta of
+gloo's all-reduce). :func:`run_layout` runs ``gpt/train.py --cost`` on a layout and returns its
+``cost:`` record; :func:`options` turns a ``plan_cost.Layout`` into the program's options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from ddpguide.gpt import cost as gpt_cost
+from ddpguide.launch.programs import run, torchrun
+
+MEMORY = ("parameters", "gradients", "optimizer", "activations")
+
+
+def hardware(p: ModuleType, which: str = "this-machine", ranks: int = 4, folder: Path | None = None,
+             cores_note: str = ""):
+    """This machine's ``plan_cost.Hardware``, measured now (``which``: ``this-machine``, or a
+    JSON file written by ``plan_cost.py --measure``)."""
+    if which.endswith(".json"):
+        return p.Hardware(**json.loads(Path(which).read_text()))
+    if which != "this-machine":
+        raise ValueError(f"hardware {which!r}: only this-machine is measured here")
+    folder = Path(folder or tempfile.mkdtemp(prefix="ddpguide-plan-"))
+    path = folder / "hw.json"
+    run("plan_cost.py", "--measure", str(path), echo=False, timeout=300, workdir=folder / "measure")
+    run("plan_cost.py", "--sweep", str(path), launcher=torchrun(ranks), echo=False, timeout=300,
+        workdir=folder / "sweep", env={"OMP_NUM_THREADS": "1"})
+    hw = p.Hardware(**json.loads(path.read_text()))
+    hw.gpus_per_node = max(hw.gpus_per_node, ranks)
+    return hw
+
+
+def options(layout) -> tuple[str, ...]:
+    """``train.py``'s options for a layout (``--pp 2 --dp-shard 2 --microbatches 4 ...``)."""
+    out: list[str] = []
+    for axis in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp"):
+        if getattr(layout, axis) > 1:
+            out += [f"--{axis.replace('_', '-')}", str(getattr(layout, axis))]
+    if layout.pp > 1:
+        out += ["--microbatches", str(layout.microbatches), "--schedule", layout.schedule]
+    if layout.ac == "full":
+        out.append("--checkpoint-activations")
+    if layout.ac == "selective":
+        raise ValueError("train.py checkpoints whole blocks only (--checkpoint-activations)")
+    return tuple(out)
+
+
+def model_options(model, seq: int, batch: int, dtype: str) -> tuple[str, ...]:
+    """``train.py``'s options for the model (its vocabulary is bytes: 256)."""
+    if model.vocab != 256 or model.gated or not model.tied or (model.kv_heads or model.heads) != model.heads:
+        raise ValueError("train.py trains its own GPT only: vocabulary 256, GELU, tied, no GQA")
+    out = ["--layers", str(model.layers), "--dim", str(model.dim), "--heads", str(model.heads),
+           "--ffn", str(model.ffn // model.dim), "--seq", str(seq), "--batch", str(batch),
+           "--dtype", dtype]
+    if model.experts:
+        out += ["--experts", str(model.experts), "--top-k", str(model.top_k)]
+    return tuple(out)
+
+
+def run_layout(layout, model, seq: int, batch: int, dtype: str, steps: int = 3,
+               timeout: float = 600.0, cache: str | None = None) -> dict:
+    """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
+    every rank, the median step). ``cache``: a folder where each finished run is kept and
+    from which the same run is read back instead of run again."""
+    extra = (*model_options(model, seq, batch, dtype), "--steps", str(steps), "--clip", "1.0")
+    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "67108864",
+           "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    saved = None
+    if cache is not None:  # an interrupted benchmark resumes from the runs it finished
+        key = hashlib.sha256(" ".join((*options(layout), *extra)).encode()).hexdigest()[:16]
+        saved = Path(cache) / f"{key}.json"
+        if saved.is_file():
+            return json.loads(saved.read_text())
+    result, _ = gpt_cost.measure(options(layout), layout.world, extra=extra, timeout=timeout, env=env)
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(result))
+    return result
+
+
+def counted(memory: dict) -> int:
+    """The parts of a rank's memory ``train.py --cost`` counts (the planner predicts more:
+    FSDP's unsharded buffers and communication buffers, which the program does not count)."""
+    return sum(memory[k] for k in MEMORY)
+
+
+def memory_ratios(p: ModuleType, layout, model, policy, seq: int, batch: int, result: dict) -> dict:
+    """Predicted over counted memory, per rank (the parts train.py counts) and at the peak rank."""
+    predicted = [counted(p.memory(model, layout, policy, batch, seq, r)) for r in range(layout.world)]
+    measured = [counted(m) for m in result["memory"]]
+    per_rank = [a / b for a, b in zip(predicted, measured)]
+    return {"peak": max(predicted) / max(measured), "worst_rank": max(per_rank, key=lambda r: abs(r - 1)),
+            "predicted": max(predicted), "measured": max(measured)}

@@ -1,0 +1,90 @@
+"""Chapter 16: plan_cost.py's memory against what train.py counts (live, two layouts), its
+parameter count against the GPT of model.py, the search, and DTensor's constants read from
+the installed source."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ddpguide.launch.programs import load
+from ddpguide.plan import catalog, checks, measure, published, search
+
+
+@pytest.fixture(scope="module")
+def p():
+    return search.program()
+
+
+def test_parameters_equal_model_py(p):
+    """One process: the predicted parameter bytes are the GPT's own parameters (float32)."""
+    gpt = load("gpt/model.py")
+    for changes in ({}, {"experts": 4, "top_k": 2}):
+        config = gpt.Config(**changes)
+        numel = sum(t.numel() for t in gpt.GPT(config).parameters())
+        model = catalog.model(p, "gpt", **changes)
+        got = p.memory(model, p.Layout(), catalog.policy(p, "float32"), 8, 64)["parameters"]
+        assert got == numel * 4, (changes, got, numel * 4)
+
+
+def test_sharded_parameters_add_up(p):
+    """FSDP x TP: the shards of every rank add up to the whole model (no padding at this size)."""
+    model, pol = catalog.model(p, "gpt"), catalog.policy(p, "float32")
+    lay = p.Layout(dp_shard=2, tp=2)
+    whole = p.memory(model, p.Layout(), pol, 8, 64)["parameters"]
+    total = sum(p.memory(model, lay, pol, 8, 64, r)["parameters"] for r in range(lay.world))
+    # the matrices split over tp once, the norms held whole by both tp ranks (float32: 4 bytes)
+    assert total == whole + 4 * (2 * model.dim * model.layers + model.dim)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("axes", [{"dp_shard": 2}, {"tp": 2}])
+def test_memory_predicted_within_5_percent_of_counted(p, axes):
+    """train.py --cost counts its parameters, gradients, AdamW state and what autograd saves
+    on every rank; the prediction of the same parts is within 5% at the busiest rank."""
+    model, pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+    lay = p.Layout(**axes)
+    result = measure.run_layout(lay, model, 16, 8, "float64", steps=2, timeout=300)
+    ratio = measure.memory_ratios(p, lay, model, pol, 16, 8, result)
+    assert 0.95 <= ratio["peak"] <= 1.05, ratio
+    assert 0.95 <= ratio["worst_rank"] <= 1.05, ratio
+
+
+def test_layouts_respect_divisibility(p):
+    model = catalog.model(p, "gpt-check")
+    found = search.layouts(p, model, 8, 8, 16, runnable=True)
+    assert found and all(lay.world == 8 for lay in found)
+    assert all(model.heads % lay.tp == 0 and model.layers % lay.pp == 0 for lay in found)
+    assert not any(lay.ep > 1 for lay in found)  # no experts
+    names = {search.name(lay) for lay in found}
+    assert "FSDP 8" in names and "PP x FSDP x TP 2 x 2 x 2, 1F1B m2" in names
+
+
+def test_command_is_torchrun_per_node(p):
+    lay = p.Layout(pp=2, dp_shard=4, tp=2, microbatches=4)
+    lines = search.command(lay, 8)
+    assert len(lines) == 2
+    assert lines[1].startswith("torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8")
+    assert lines[0].endswith("train.py --pp 2 --dp-shard 4 --tp 2 --microbatches 4 --schedule 1F1B")
+    assert measure.options(lay) == ("--pp", "2", "--dp-shard", "4", "--tp", "2", "--microbatches", "4",
+                                    "--schedule", "1F1B")
+
+
+def test_spearman_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    a, b = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0], [2.0, 7.0, 1.0, 8.0, 2.0, 8.0, 1.0]
+    assert math.isclose(checks.spearman(a, b), stats.spearmanr(a, b).statistic, abs_tol=1e-12)
+    assert checks.choice([3.0, 1.0, 2.0], [1.0, 1.5, 1.2]) == 1.5
+
+
+def test_dtensor_constants_from_installed_source():
+    c = checks.dtensor_constants()
+    assert c == {"bandwidth_gb_s": 87.7, "latency_us": 0.6, "inter_factor": 0.22,
+                 "inter_latency_us": 2.7, "base_latency_us": 6.6}
+
+
+def test_published_rows_are_predicted(p):
+    rows = published.compare(p)
+    assert len(rows) == len(published.TORCHTITAN) == 18
+    assert all(r["predicted_tokens_per_gpu"] > 0 and math.isfinite(r["ratio"]) for r in rows)
