@@ -3,9 +3,11 @@ a process is marked ``multiprocess`` (``tests/process_marks.py``).
 
 A book program that a test runs through ``ddpguide.launch.programs.run`` has its ranks
 forked from the warm server, with the variables torchrun gives its workers
-(``ddpguide.launch.forked``): seconds less per run, the same program. A test marked
-``typed`` runs the command as typed, torchrun and fresh interpreters, as the chapters
-(executed by ``make test``) run every program.
+(``programs.LAUNCH = "typed-once"``, ``ddpguide.launch.forked``): seconds less per run, the
+same program. Each program's first run in a test process is typed instead (torchrun and
+fresh interpreters, which go through interpreter teardown, as the chapters run every
+program), and so is every run of a test marked ``typed``. The switch is this process's
+own setting, never an environment variable, so no process a test starts inherits it.
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import os
 
 import pytest
 
-from ddpguide.launch import forked
+from ddpguide.launch import programs
 from tests.process_guard import guard
 from tests.process_marks import ProcessWatch, mark_items
 
 
 def pytest_configure(config):
     config._process_watch = ProcessWatch()
-    os.environ[forked.MODE_ENV] = "forked"  # before any fixture, session-wide ones included
+    programs.LAUNCH = "typed-once"  # before any fixture, session-wide ones included
 
 
 def pytest_unconfigure(config):
@@ -71,7 +73,7 @@ def pytest_runtest_call(item):
 def program_launch(request, monkeypatch):
     """Programs run as typed in a test marked ``typed``, forked in every other."""
     if request.node.get_closest_marker("typed"):
-        monkeypatch.setenv(forked.MODE_ENV, "command")
+        monkeypatch.setattr(programs, "LAUNCH", "typed")
 
 
 @pytest.fixture(autouse=True)

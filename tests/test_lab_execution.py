@@ -37,8 +37,6 @@ import pytest
 import websocket
 import yaml
 
-from ddpguide.launch import forked
-
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 sys.path.insert(0, str(ROOT / "tools"))
@@ -173,8 +171,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     token = secrets.token_hex(16)
     command = lab_command(["--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0",
                            f"--IdentityProvider.token={token}"])
-    # the chapters run their programs as typed, as a reader's JupyterLab does
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), forked.MODE_ENV: "command"}
+    # the kernel runs programs as typed, as a reader's JupyterLab does (the tests' fast path is
+    # this process's own setting, not inherited)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)
@@ -231,7 +230,7 @@ def test_spawn_from_a_lab_kernel_echoes_ranks_and_leaves_no_child(kernel: Kernel
         "import multiprocessing\n"
         "from ddpguide.launch.spawn import spawn\n"
         "from ddpguide.core.ranklog import rank_print\n"
-        "results = spawn(rank_print, 2, 'hello from a JupyterLab kernel', all_ranks=True, timeout=120)\n"
+        "results = spawn(rank_print, 2, 'hello from a JupyterLab kernel', kwargs={'all_ranks': True}, timeout=120)\n"
         "print('results', results)\n"
         "print('children', len(multiprocessing.active_children()))\n",
         200)

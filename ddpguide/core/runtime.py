@@ -243,12 +243,39 @@ class DistEnv:
         }
 
 
-def worker_device() -> torch.device:
-    """Inside a spawned or torchrun worker: where this rank's tensors live.
+def launcher_environment(rank: int, nproc: int, port: int, *, addr: str = "localhost",
+                         run_id: str | None = None, error_file: str | None = None) -> dict[str, str]:
+    """What a launcher gives local rank ``rank`` of ``nproc`` on one machine: torchrun's
+    worker variables (:data:`LAUNCHER_VARIABLES` but ``OMP_NUM_THREADS``); the
+    ``TORCHELASTIC_*`` ones only for a run of torch's agent (``run_id``)."""
+    n = str(nproc)
+    env = {**DistEnv(rank, rank, nproc, nproc, 0, addr, port).as_environ(),
+           "ROLE_RANK": str(rank), "ROLE_NAME": "default", "GROUP_WORLD_SIZE": "1",
+           "ROLE_WORLD_SIZE": n}
+    if run_id is not None:
+        env.update({"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                    "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")})
+        if error_file is not None:
+            env["TORCHELASTIC_ERROR_FILE"] = error_file
+    return env
 
-    Its own GPU (``LOCAL_RANK``) when the process group runs nccl, else the CPU.
+
+def worker_device() -> torch.device:
+    """Inside a worker with a process group: where this rank's tensors live.
+
+    Its own GPU (``LOCAL_RANK``) when the process group runs nccl, else the CPU. Where no
+    launcher set the variables (a group started from a file store), the rank and the world
+    come from the group, and the local rank from ``LOCAL_RANK`` where it is set.
     """
     import torch.distributed as dist
 
-    env = DistEnv.from_environ()
-    return select_runtime(env.local_world_size, backend=dist.get_backend()).device(env.local_rank)
+    backend = dist.get_backend()
+    try:
+        env = DistEnv.from_environ()
+        local_rank, local_world_size = env.local_rank, env.local_world_size
+    except DistEnvError:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return select_runtime(local_world_size, backend=backend).device(local_rank)

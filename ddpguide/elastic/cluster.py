@@ -10,7 +10,6 @@ no agent or worker survives it.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -18,15 +17,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from ddpguide.core.processes import (
-    DIE_WITH_PARENT_ENV,
-    descendants,
-    signal_all,
-    store_port,
-)
+from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all, store_port
 from ddpguide.elastic.events import EventTail
 from ddpguide.elastic.worker_args import WorkerArgs
+from ddpguide.launch import ranks
 
 LOOPBACK = "127.0.0.1"
 # gloo picks the interface of the machine's hostname unless told otherwise.
@@ -35,7 +31,7 @@ LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 
 @dataclass
 class Node:
-    """One agent process and where its output goes."""
+    """One agent process (rank ``index`` of the cluster's group) and where its output goes."""
 
     name: str
     nproc: int
@@ -43,6 +39,7 @@ class Node:
     log: Path
     started: float
     stopped: float | None = None
+    index: int = 0
 
     @property
     def alive(self) -> bool:
@@ -65,6 +62,7 @@ class LocalCluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     all_events: list[dict] = field(default_factory=list)
     store: subprocess.Popen | None = None
+    group: ranks.Ranks = field(default_factory=ranks.Ranks, repr=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
@@ -94,12 +92,9 @@ class LocalCluster:
 
     def start_store(self, timeout_s: float = 60.0) -> None:
         """Host the rendezvous store in a process of its own (before any node starts)."""
-        log = open(self.workdir / "store.log", "ab")
-        with log:
-            self.store = subprocess.Popen(store_command(self.port), stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env={**os.environ, DIE_WITH_PARENT_ENV: "1"},
-                                          start_new_session=True)
+        index = self.group.start(ranks.Command(store_command(self.port), {DIE_WITH_PARENT_ENV: "1"},
+                                               name="store", log=self.workdir / "store.log"))
+        self.store = self.group.processes[index]
         self.wait_for_store(timeout_s)
 
     def go_file(self, name: str) -> Path:
@@ -113,16 +108,12 @@ class LocalCluster:
         Python start-up.
         """
         log = self.workdir / f"node-{name}.log"
-        env = {**os.environ, **LOOPBACK_ENV, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO",
-               DIE_WITH_PARENT_ENV: "1"}
+        env = {**LOOPBACK_ENV, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO", DIE_WITH_PARENT_ENV: "1"}
         command = self.node_command(name, nproc)
         if on_cue:
             command += ["--start-when", str(self.go_file(name))]
-        with open(log, "ab") as out:
-            process = subprocess.Popen(command, stdout=out,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=env, start_new_session=True)
-        node = Node(name, nproc, process, log, time.monotonic())
+        index = self.group.start(ranks.Command(command, env, name=name, log=log))
+        node = Node(name, nproc, self.group.processes[index], log, time.monotonic(), index=index)
         self.nodes[name] = node
         return node
 
@@ -132,21 +123,31 @@ class LocalCluster:
         Raises at once, with the agent's log, when an agent that should be
         starting has exited instead; after ``timeout_s`` with every agent's log.
         """
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             with socket.socket() as sock:
                 sock.settimeout(0.5)
                 if sock.connect_ex((LOOPBACK, self.port)) == 0:
-                    return
+                    return True
             for name, node in self.nodes.items():
                 if node.stopped is None and not node.alive:
                     raise RuntimeError(
                         f"node {name} exited with code {node.process.returncode} before the "
                         f"rendezvous store on port {self.port} was up; its log ends:\n"
                         f"{self.log_tail(name)}")
-            time.sleep(0.05)
+            return False
+
+        if self.wait(listening, timeout_s):
+            return
         logs = "\n".join(f"--- node {name} ---\n{self.log_tail(name)}" for name in self.nodes)
         raise TimeoutError(f"no rendezvous store on port {self.port} after {timeout_s:g} s\n{logs}")
+
+    def wait(self, done: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll the events until ``done()`` (True) or ``timeout_s`` s have passed (False)."""
+        def until() -> bool:
+            self.poll()
+            return done()
+
+        return self.group.wait(timeout_s, until=until, failure_grace=timeout_s) == "until" or until()
 
     # -- disturbing -------------------------------------------------------
     def join(self, name: str) -> float:
@@ -159,15 +160,14 @@ class LocalCluster:
         """Ask a node to leave (SIGTERM): the agent stops its workers and exits."""
         node = self.nodes[name]
         node.stopped = time.monotonic()
-        node.process.send_signal(signal.SIGTERM)
+        self.group.signal(node.index, signal.SIGTERM, tree=False)
         return node.stopped
 
     def kill_node(self, name: str) -> float:
         """Lose a node: SIGKILL its agent and every worker at once, like a power cut."""
         node = self.nodes[name]
-        tree = [node.process.pid, *descendants(node.process.pid)]
         node.stopped = time.monotonic()
-        signal_all(tree, signal.SIGKILL)
+        self.group.signal(node.index, signal.SIGKILL, tree=True)
         node.process.wait(10)
         return node.stopped
 
@@ -201,27 +201,9 @@ class LocalCluster:
 
     # -- ending -----------------------------------------------------------
     def close(self, grace_s: float = 5.0) -> None:
-        """Stop every node: SIGTERM, then SIGKILL for anything still running."""
-        trees = {name: [n.process.pid, *descendants(n.process.pid)]
-                 for name, n in self.nodes.items() if n.alive}
-        for name in trees:
-            self.nodes[name].process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for name in trees:
-            try:
-                self.nodes[name].process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for pids in trees.values():
-            signal_all(pids, signal.SIGKILL)
-        for node in self.nodes.values():
-            try:
-                node.process.wait(10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a kernel-stuck process
-                pass
-        if self.store is not None and self.store.poll() is None:
-            self.store.kill()
-            self.store.wait(10)
+        """Stop every node and the store: SIGTERM, then SIGKILL for anything still running."""
+        self.group.stop(grace_s)
+        self.group.close()
 
     def __enter__(self) -> LocalCluster:
         return self

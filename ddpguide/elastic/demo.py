@@ -84,20 +84,22 @@ def run_demo(workdir: str | Path | None = None, settings: DemoSettings | None = 
 def _wait_for(cluster: LocalCluster, log: RunLog, done: Callable[[], bool], what: str,
               timeout_s: float, exit_expected: bool = False) -> None:
     """Feed new events to the log until ``done()``; raise DemoError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for event in cluster.poll():
+    def ready() -> bool:
+        for event in cluster.all_events[seen[0]:]:
             log.worker_event(event)
+        seen[0] = len(cluster.all_events)
         if done():
-            return
+            return True
         for name, node in cluster.nodes.items():
             if node.stopped is None and not node.alive and not exit_expected:
                 raise DemoError(f"node {name} exited with code {node.process.returncode} while "
                                 f"waiting for {what}; its log ends:\n{cluster.log_tail(name)}")
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- node {n} ---\n{cluster.log_tail(n)}" for n in cluster.nodes)
-            raise DemoError(f"no {what} within {timeout_s:g} s\n{tails}")
-        time.sleep(0.05)
+        return False
+
+    seen = [len(cluster.all_events)]
+    if not cluster.wait(ready, timeout_s):
+        tails = "\n".join(f"--- node {n} ---\n{cluster.log_tail(n)}" for n in cluster.nodes)
+        raise DemoError(f"no {what} within {timeout_s:g} s\n{tails}")
 
 
 def _epochs_at(log: RunLog, world_size: int, since: float) -> int:
@@ -147,35 +149,17 @@ def run_cli(args: list[str], timeout_s: float = 150.0,
     For notebooks: the output appears live, and after ``timeout_s`` the child
     and everything it started are killed. Returns the exit code.
     """
-    import os
-    import signal
-    import subprocess
     import sys
-    import threading
 
-    from ddpguide.core.processes import descendants, signal_all
+    from ddpguide.launch import ranks
 
-    child = subprocess.Popen([sys.executable, "-m", "ddpguide.elastic", *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    expired = threading.Event()
+    command = ranks.Command([sys.executable, "-m", "ddpguide.elastic", *args], {"PYTHONUNBUFFERED": "1"})
 
-    def stop() -> None:
-        expired.set()
-        signal_all([child.pid, *descendants(child.pid)], signal.SIGKILL)
+    def lines(text: str) -> None:
+        for line in text.splitlines():
+            echo(line)
 
-    timer = threading.Timer(timeout_s, stop)
-    timer.start()
-    assert child.stdout is not None  # stdout=PIPE
-    try:
-        for line in child.stdout:
-            echo(line.rstrip("\n"))
-        code = child.wait()
-    finally:
-        timer.cancel()
-        if child.poll() is None:
-            stop()
-            child.wait()
-    if expired.is_set():
+    shown = ranks.run([command], timeout_s, lines)
+    if shown.timed_out:
         echo(f"error: stopped after {timeout_s:g} s")
-    return code
+    return shown.returncodes[0] if shown.returncodes[0] is not None else -9

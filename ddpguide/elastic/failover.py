@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 from ddpguide.elastic.cluster import LocalCluster
@@ -53,27 +52,16 @@ def lose_store_host(external_store: bool, epochs: int = 6, step_delay: float = 0
             node_b = cluster.start_node("B", 2, on_cue=True)
             cluster.start_node("A", 2)
             cluster.wait_for_store(timeout_s)
-            deadline = time.monotonic() + timeout_s
-            while not (_first(cluster.all_events, "epoch", 0.0, 2)
-                       and any(e["event"] == "agent_waiting" and e["node"] == "B"
-                               for e in cluster.all_events)):
-                cluster.poll()
-                if time.monotonic() > deadline:
-                    raise TimeoutError("node A never finished an epoch, or node B's agent never "
-                                       "came up")
-                time.sleep(0.05)
+            if not cluster.wait(lambda: bool(_first(cluster.all_events, "epoch", 0.0, 2) and any(
+                    e["event"] == "agent_waiting" and e["node"] == "B" for e in cluster.all_events)),
+                    timeout_s):
+                raise TimeoutError("node A never finished an epoch, or node B's agent never "
+                                   "came up")
             cluster.join("B")
-            deadline = time.monotonic() + timeout_s
-            while not _first(cluster.all_events, "epoch", 0.0, 4):
-                cluster.poll()
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the two nodes never finished an epoch together")
-                time.sleep(0.05)
+            if not cluster.wait(lambda: bool(_first(cluster.all_events, "epoch", 0.0, 4)), timeout_s):
+                raise TimeoutError("the two nodes never finished an epoch together")
             killed = cluster.kill_node("A")
-            deadline = time.monotonic() + timeout_s
-            while node_b.alive and time.monotonic() < deadline:
-                cluster.poll()
-                time.sleep(0.05)
+            cluster.wait(lambda: not node_b.alive, timeout_s)
             cluster.poll()
             step = _first(cluster.all_events, "first_step", killed, 2)
             code = node_b.process.returncode

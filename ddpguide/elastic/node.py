@@ -105,23 +105,23 @@ def _plain_agent_logging() -> None:
         logger.propagate = False
 
 
+#: what the agent's forkserver imports once for every worker (DDP's constructor imports
+#: torch._dynamo)
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
+           "ddpguide.elastic.worker", "ddpguide.train.loop")
+
+
 def _start_forkserver(strategy: str) -> None:
-    """Start multiprocessing's forkserver now, importing torch and the worker in it.
+    """Start multiprocessing's forkserver now (:func:`ddpguide.launch.warm.start`), importing
+    torch and the worker in it: every worker (re)start is then a fork of a process that
+    has paid for ``import torch`` and for the ``torch._dynamo`` import that DDP's
+    constructor triggers (and, for ``fsdp``, for FSDP2 and distributed checkpointing).
+    The server checks that it is single-threaded, so forking it is safe, and dies with
+    the agent."""
+    from ddpguide.launch import warm
 
-    The forkserver is single-threaded, so forking it is safe; every worker
-    (re)start is then a fork of a process that has paid for ``import torch``
-    and for the ``torch._dynamo`` import that DDP's constructor triggers (and,
-    for ``fsdp``, for FSDP2 and distributed checkpointing).
-    """
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    os.environ["DDPGUIDE_AGENT_PID"] = str(os.getpid())  # see ddpguide.elastic.warm
-    preload = ["ddpguide.elastic.warm"]
-    if strategy == "fsdp":
-        preload.append("ddpguide.sharding.fsdp_strategy")
-    multiprocessing.set_forkserver_preload(preload)
-    forkserver.ensure_running()
+    extra = ("ddpguide.sharding.fsdp_strategy",) if strategy == "fsdp" else ()
+    warm.start(preload=(*PRELOAD, *extra))
 
 
 def _failure_text(exc) -> str:

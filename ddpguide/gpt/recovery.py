@@ -14,16 +14,15 @@ process, no step is lost or repeated.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all, store_port
+from ddpguide.core.processes import DIE_WITH_PARENT_ENV, store_port
 from ddpguide.gpt.layouts import PROGRAM, check_options
+from ddpguide.launch import ranks
 from ddpguide.launch.programs import copy_program
 
 #: rendezvous settings that make a lost node noticed in seconds (chapter 4 measures them)
@@ -56,33 +55,27 @@ def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: flo
     copy_program(PROGRAM, workdir)
     args = ["--tp", "2", "--dp-shard", "auto", *check_options(steps=steps), "--save", str(workdir / "checkpoints"),
             "--save-every", "1", "--resume", "--out", str(workdir / "out")]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+    env = {"PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", DIE_WITH_PARENT_ENV: "1"}
     port = store_port()
-    agents, logs = {}, {}
+    logs = {name: workdir / f"agent-{name}.log" for name in ("a", "b")}
     started = time.monotonic()
-    try:
-        for name in ("a", "b"):  # a first: it hosts the rendezvous store and must survive
-            logs[name] = workdir / f"agent-{name}.log"
-            with open(logs[name], "wb") as log:
-                agents[name] = subprocess.Popen(agent_command(port, args), cwd=workdir, env=env,
-                                                stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True)
-            time.sleep(1.0 if name == "a" else 0)
-        while len(completed(workdir / "checkpoints")) < kill_after:
-            if time.monotonic() - started > timeout or agents["a"].poll() is not None:
-                raise RuntimeError(f"no checkpoint of step {kill_after}:\n{logs['a'].read_text()[-3000:]}")
-            time.sleep(0.1)
+    with ranks.Ranks() as group:
+        a = group.start(ranks.Command(agent_command(port, args), env, cwd=workdir, log=logs["a"]))
+        time.sleep(1.0)  # a first: it hosts the rendezvous store and must survive
+        b = group.start(ranks.Command(agent_command(port, args), env, cwd=workdir, log=logs["b"]))
+        group.wait(timeout, until=lambda: len(completed(workdir / "checkpoints")) >= kill_after
+                   or not group.alive(a), failure_grace=timeout)
+        if len(completed(workdir / "checkpoints")) < kill_after:
+            raise RuntimeError(f"no checkpoint of step {kill_after}:\n{logs['a'].read_text()[-3000:]}")
         killed_after = completed(workdir / "checkpoints")[-1]
-        tree = descendants(agents["b"].pid)
-        signal_all([agents["b"].pid, *tree], signal.SIGKILL)
-        agents["a"].wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
-    finally:
-        for process in agents.values():
-            signal_all([process.pid, *descendants(process.pid)], signal.SIGKILL)
+        group.signal(b, signal.SIGKILL, tree=True)
+        group.wait(max(1.0, timeout - (time.monotonic() - started)), until=lambda: not group.alive(a),
+                   failure_grace=timeout)
+        code = group.returncode(a)
     text = {name: path.read_text() for name, path in logs.items()}
-    if agents["a"].returncode != 0:
-        raise RuntimeError(f"the surviving agent exited with {agents['a'].returncode}:\n{text['a'][-3000:]}")
+    if code != 0:
+        raise RuntimeError(f"the surviving agent exited with {code}:\n{text['a'][-3000:]}")
     report = json.loads((workdir / "out" / "losses.json").read_text())
     return Recovery(report["losses"], report["first_step"], killed_after, report["layout"],
                     time.monotonic() - started, text)

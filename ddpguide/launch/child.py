@@ -14,12 +14,11 @@ import pickle
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ddpguide.core.processes import die_with_parent, exit_now
+from ddpguide.core.processes import exit_now
 from ddpguide.core.runtime import Runtime
 
 _ARRIVED = "ddpguide/arrived/"
@@ -56,12 +55,8 @@ def record_failure(workdir: Path, rank: int) -> None:
         os.close(fd)
 
 
-def worker_entry(rank: int, spec: WorkerSpec, start: Any = None) -> None:
-    """A rank's life; ``start`` is the :class:`ddpguide.launch.warm.WarmStart` of a rank
-    forked from the warm server (its environment and log), None for a spawned one."""
-    if start is not None:
-        start.apply()
-    die_with_parent()
+def worker_entry(rank: int, spec: WorkerSpec) -> None:
+    """A rank's life (its environment and log already set by :mod:`ddpguide.launch.ranks`)."""
     workdir = Path(spec.workdir)
     try:
         if spec.runtime.device_type == "cuda":

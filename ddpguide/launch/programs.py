@@ -6,8 +6,12 @@ the program, as a reader who copied it would; its lines appear in the cell as
 they are printed), and shows the change from one program to the next with
 :func:`diff`. A check that needs the program's own classes or plans imports it
 with :func:`load`: the package keeps no copy of a program's model. Every run is
-bounded: at the time limit the program's whole process group is killed and
-:class:`ProgramTimeout` raised.
+bounded: at the time limit the program and every process below it are killed
+(:mod:`ddpguide.launch.ranks`) and :class:`ProgramTimeout` raised.
+
+``launch="warm"`` (the package tests' default, :data:`LAUNCH`) forks the ranks of a
+``python`` or standalone ``torchrun`` command from the warm server instead
+(:mod:`ddpguide.launch.forked`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,11 +30,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
-from ddpguide.core.processes import descendants, signal_all
-from ddpguide.launch import forked
+from ddpguide.launch import forked, ranks
 
 #: Where the programs live in a checkout.
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
+#: How :func:`run` starts a command by default: ``"typed"`` (as a reader types it),
+#: ``"warm"`` (ranks forked warm where they can be) or ``"typed-once"`` (a program's first
+#: run in this process typed, so that its ranks go through interpreter teardown once, the
+#: later ones warm: the package tests' setting)
+LAUNCH = "typed"
+LAUNCHES = ("typed", "warm", "typed-once")
+#: the programs that have run as typed in this process
+TYPED: set[str] = set()
 
 #: torchrun's own log lines: ``W1201 04:53:33.603000 6362 torch/distributed/run.py:982] ...``
 #: on a terminal, and its OMP_NUM_THREADS notice and the rows of stars around it, which come
@@ -160,16 +169,29 @@ def edited_copy(name: str, folder: str | os.PathLike, *edits: tuple[str, str], c
     return path
 
 
+def launch_of(name: str, launch: str | None = None) -> str:
+    """``"typed"`` or ``"warm"``: how program ``name`` runs now under ``launch`` (None:
+    :data:`LAUNCH`); whoever runs it typed adds it to :data:`TYPED`."""
+    launch = LAUNCH if launch is None else launch
+    if launch not in LAUNCHES:
+        raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, got {launch!r}")
+    if launch == "typed-once":
+        return "warm" if Path(name).name in TYPED else "typed"
+    return launch
+
+
 def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: float = 120.0,
         expect: int | None = 0, echo: bool = True, env: dict[str, str] | None = None,
-        workdir: str | os.PathLike | None = None) -> ProgramRun:
+        workdir: str | os.PathLike | None = None, launch: str | None = None) -> ProgramRun:
     """Run ``<launcher> <name> <args>`` in a folder holding a copy of the program.
 
     ``launcher`` is what the reader types before the file name: ``("python",)``
     or ``("torchrun", "--standalone", "--nproc-per-node=2")``. ``expect`` is the
     exit status the chapter expects (None: any). The folder is kept, so a
-    chapter can read what the program wrote (``ProgramRun.workdir``).
+    chapter can read what the program wrote (``ProgramRun.workdir``). ``launch``: see
+    :data:`LAUNCH` (None: that default).
     """
+    launch = launch_of(name, launch)
     source = path_of(name)
     folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
     copy_program(name, folder)
@@ -178,12 +200,13 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     if echo:
         print(f"$ {shown}", flush=True)
     started = time.monotonic()
-    nproc = forked.ranks_of(launcher) if forked.enabled() else None
+    nproc = forked.ranks_of(launcher) if launch == "warm" else None
     done = None if nproc is None else forked.run(
         folder, command[len(launcher):], nproc, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         timeout, (lambda text: print(text, end="", flush=True)) if echo else None)
     if done is None:  # the command as typed
         done = _run_command(command, folder, env or {}, timeout, echo)
+        TYPED.add(source.name)
     seconds = time.monotonic() - started
     if done.timed_out:
         raise ProgramTimeout(f"`{shown}` did not finish within {timeout:g} s and was stopped")
@@ -194,61 +217,11 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
 
 
 def _run_command(command: list[str], folder: Path, env: dict[str, str], timeout: float,
-                 echo: bool) -> forked.Ended:
+                 echo: bool) -> ranks.Ended:
     """``command`` in ``folder``, as a reader types it (``python`` and ``torchrun`` are this
-    interpreter's), its output read line by line; killed with all its processes at ``timeout``."""
+    interpreter's), its output echoed line by line; killed with all its processes at ``timeout``."""
     executable = {"python": [sys.executable],
                   "torchrun": [sys.executable, "-m", "torch.distributed.run"]}
     argv = [*executable.get(command[0], [command[0]]), *command[1:]]
-    process = subprocess.Popen(
-        argv, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
-    output: list[str] = []
-    killer = _Deadline(process, timeout)
-    assert process.stdout is not None  # stdout=PIPE
-    try:
-        for line in process.stdout:
-            output.append(line)
-            if echo:
-                print(line, end="", flush=True)
-        process.wait()
-    finally:
-        killer.cancel()
-        _kill_group(process)
-    return forked.Ended(process.returncode, "".join(output), killer.fired)
-
-
-class _Deadline:
-    """Kills the program's process group when the time is up (the output loop may block)."""
-
-    def __init__(self, process: subprocess.Popen, timeout: float):
-        import threading
-
-        self.fired = False
-        self._timer = threading.Timer(timeout, self._fire, args=(process,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _fire(self, process: subprocess.Popen) -> None:
-        self.fired = True
-        _kill_group(process)
-
-    def cancel(self) -> None:
-        self._timer.cancel()
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the program and everything below it.
-
-    torchrun starts each worker in a session of its own, so the program's
-    process group does not reach them: the tree is read before anything dies.
-    """
-    tree = descendants(process.pid) if process.poll() is None else []
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    signal_all(tree, signal.SIGKILL)
-    if process.poll() is None:
-        process.kill()
-    process.wait()
+    rank = ranks.Command(argv, {"PYTHONUNBUFFERED": "1", **env}, cwd=folder)
+    return ranks.run([rank], timeout, (lambda text: print(text, end="", flush=True)) if echo else None)

@@ -17,17 +17,11 @@ needs:
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import inspect
 import math
 import os
 import pickle
-import shutil
-import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -37,11 +31,12 @@ import torch.distributed as dist
 from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
 from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S as DEFAULT_COLLECTIVE_TIMEOUT_S
 from ddpguide.core.timeouts import MAX_TIMEOUT_S
-from ddpguide.launch import warm
+from ddpguide.launch import ranks
 from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
 
 DEFAULT_TIMEOUT_S = 120.0  # the whole job's, not one collective's
-_FD_LOCK = threading.Lock()
+#: how long the other ranks get after one failed, to write their own traceback
+FAILURE_GRACE_S = 0.2
 
 
 class WorkerError(RuntimeError):
@@ -58,64 +53,6 @@ class SpawnTimeout(TimeoutError):
     """The ranks did not finish within the time limit; all were stopped."""
 
 
-@contextlib.contextmanager
-def _child_stdio_and_env(log_path: Path, env: Mapping[str, str]):
-    """Start a child with stdout/stderr in ``log_path`` and extra environment.
-
-    A spawned child inherits file descriptors 1 and 2 and the environment of
-    the parent at the moment it starts, so both are swapped for the start only.
-    """
-    with _FD_LOCK:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        saved_env = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        saved_fds = [os.dup(1), os.dup(2)]
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            yield
-        finally:
-            os.dup2(saved_fds[0], 1)
-            os.dup2(saved_fds[1], 2)
-            for fd in (*saved_fds, log_fd):
-                os.close(fd)
-            for key, value in saved_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-
-class _LogEcho:
-    """Copies complete new lines from the ranks' log files to our stdout."""
-
-    def __init__(self, paths: list[Path], enabled: bool):
-        self.paths = paths
-        self.offsets = [0] * len(paths)
-        self.pending = [b""] * len(paths)
-        self.enabled = enabled
-
-    def poll(self, final: bool = False) -> None:
-        for i, path in enumerate(self.paths):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets[i])
-                    chunk = f.read()
-            except FileNotFoundError:
-                continue
-            self.offsets[i] += len(chunk)
-            data = self.pending[i] + chunk
-            lines = data.split(b"\n")
-            self.pending[i] = b"" if final else lines.pop()
-            if self.enabled:
-                for line in lines:
-                    if line:
-                        print(line.decode(errors="replace"), flush=True)
-
-
 def _tail(path: Path, max_chars: int = 4000) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -124,21 +61,8 @@ def _tail(path: Path, max_chars: int = 4000) -> str:
     return text[-max_chars:]
 
 
-def _stop(processes: list) -> None:
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 2.0
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in processes:
-        if p.is_alive():
-            p.kill()
-            p.join(2.0)
-
-
 def _check_arguments(fn: Any, world_size: Any, timeouts: dict[str, Any],
-                     threads_per_rank: Any, env: Any) -> None:
+                     threads_per_rank: Any, env: Any, kwargs: Any) -> None:
     """Raise ValueError naming the first bad argument, before any process or store starts."""
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {fn!r}")
@@ -160,6 +84,8 @@ def _check_arguments(fn: Any, world_size: Any, timeouts: dict[str, Any],
             threads_per_rank, bool) or threads_per_rank < 1):
         raise ValueError(f"threads_per_rank must be a positive integer or None, "
                          f"got {threads_per_rank!r}")
+    if kwargs is not None and not (isinstance(kwargs, Mapping) and all(isinstance(k, str) for k in kwargs)):
+        raise ValueError(f"kwargs must map argument names to values, got {kwargs!r}")
     if env is not None:
         if not isinstance(env, Mapping):
             raise ValueError(f"env must map variable names to strings, got {env!r}")
@@ -174,6 +100,7 @@ def spawn(
     fn: Callable[..., Any],
     world_size: int,
     *args: Any,
+    kwargs: Mapping[str, Any] | None = None,
     backend: str | None = None,
     device_type: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
@@ -181,7 +108,6 @@ def spawn(
     threads_per_rank: int | None = None,
     env: Mapping[str, str] | None = None,
     echo: bool = True,
-    **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks and return their results.
 
@@ -196,72 +122,48 @@ def spawn(
     raises ValueError naming it before anything starts.
     """
     _check_arguments(fn, world_size, {"timeout": timeout, "collective_timeout": collective_timeout},
-                     threads_per_rank, env)
+                     threads_per_rank, env, kwargs)
     runtime = select_runtime(world_size, backend, device_type)
     threads = threads_per_rank or fair_thread_count(world_size)
     store = dist.TCPStore(
         "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=collective_timeout),
     )
-    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-spawn-"))
-    spec = WorkerSpec(pickle.dumps((fn, tuple(args), dict(kwargs))), world_size, runtime, store.port,
-                       collective_timeout, timeout, str(workdir))
+    group = ranks.Ranks((lambda text: print(text, end="", flush=True)) if echo else None)
+    workdir = group.workdir
+    spec = WorkerSpec(pickle.dumps((fn, tuple(args), dict(kwargs or {}))), world_size, runtime,
+                      store.port, collective_timeout, timeout, str(workdir))
     logs = [workdir / f"rank{rank}.log" for rank in range(world_size)]
-    child_envs = [{
-        **DistEnv(rank=rank, local_rank=rank, world_size=world_size,
-                  local_world_size=world_size, master_port=store.port).as_environ(),
-        # The runtime chosen here is the one every select_runtime() in the
-        # child returns: the group's backend and the model's device agree.
-        "DDPGUIDE_BACKEND": runtime.backend, "DDPGUIDE_DEVICE": runtime.device_type,
-        "OMP_NUM_THREADS": str(threads), **(env or {}),
-    } for rank in range(world_size)]
-    ctx = warm.context({**os.environ, **child_envs[0]})  # forked from a warm server, or spawned
-    echo_logs = _LogEcho(logs, echo)
-    processes: list = []
     try:
         for rank in range(world_size):
-            if ctx.get_start_method() == "forkserver":  # the rank sets them itself
-                start = warm.WarmStart({**os.environ, **child_envs[rank]}, str(logs[rank]))
-                process = ctx.Process(target=worker_entry, args=(rank, spec, start), name=f"ddpguide-rank{rank}")
-                process.start()
-            else:
-                process = ctx.Process(target=worker_entry, args=(rank, spec), name=f"ddpguide-rank{rank}")
-                with _child_stdio_and_env(logs[rank], child_envs[rank]):
-                    process.start()
-            processes.append(process)
-
-        deadline = time.monotonic() + timeout
-        while True:
-            echo_logs.poll()
-            codes = [p.exitcode for p in processes]
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                # Give the others a moment to write their own traceback, then stop them.
-                time.sleep(0.2)
-                failed = [r for r, p in enumerate(processes) if p.exitcode not in (None, 0)]
-                _stop(processes)
-                echo_logs.poll(final=True)
-                rank = first_failure(workdir, failed)
-                details = (workdir / f"rank{rank}.traceback")
-                text = details.read_text() if details.exists() else _tail(logs[rank])
-                if getattr(fn, "__module__", None) == "__main__":
-                    text += (
-                        "\nhint: the worker function is defined in __main__ (a notebook or the "
-                        "launching script); spawned children cannot import it. Put it in a module."
-                    )
-                raise WorkerError(rank, processes[rank].exitcode, text.rstrip())
-            if all(c == 0 for c in codes):
-                break
-            if time.monotonic() > deadline:
-                _stop(processes)
-                echo_logs.poll(final=True)
-                running = [r for r, c in enumerate(codes) if c is None]
-                tails = "\n".join(f"--- rank {r} output ---\n{_tail(logs[r], 800)}" for r in running)
-                raise SpawnTimeout(
-                    f"ranks {running} did not finish within {timeout:g} s and were stopped\n{tails}"
+            group.start(ranks.Forked(worker_entry, (rank, spec), {
+                **os.environ,
+                **DistEnv(rank=rank, local_rank=rank, world_size=world_size,
+                          local_world_size=world_size, master_port=store.port).as_environ(),
+                # The runtime chosen here is the one every select_runtime() in the
+                # child returns: the group's backend and the model's device agree.
+                "DDPGUIDE_BACKEND": runtime.backend, "DDPGUIDE_DEVICE": runtime.device_type,
+                "OMP_NUM_THREADS": str(threads), **(env or {}),
+            }, f"ddpguide-rank{rank}", log=logs[rank]))
+        outcome = group.wait(timeout, failure_grace=FAILURE_GRACE_S)
+        codes = group.returncodes()
+        group.stop(grace=ranks.GRACE_S if outcome == "failed" else 0.0)
+        if outcome == "failed":
+            rank = first_failure(workdir, [r for r, c in enumerate(codes) if c not in (None, 0)])
+            details = workdir / f"rank{rank}.traceback"
+            text = details.read_text() if details.exists() else _tail(logs[rank])
+            if getattr(fn, "__module__", None) == "__main__":
+                text += (
+                    "\nhint: the worker function is defined in __main__ (a notebook or the "
+                    "launching script); spawned children cannot import it. Put it in a module."
                 )
-            time.sleep(0.05)
-        echo_logs.poll(final=True)
+            raise WorkerError(rank, group.returncode(rank), text.rstrip())
+        if outcome == "timeout":
+            running = [r for r, c in enumerate(codes) if c is None]
+            tails = "\n".join(f"--- rank {r} output ---\n{_tail(logs[r], 800)}" for r in running)
+            raise SpawnTimeout(
+                f"ranks {running} did not finish within {timeout:g} s and were stopped\n{tails}"
+            )
         missing = [r for r in range(world_size) if not (workdir / f"rank{r}.result").exists()]
         if missing:
             rank = missing[0]
@@ -274,21 +176,8 @@ def spawn(
             for rank in range(world_size)
         ]
     finally:
-        _stop(processes)
-        shutil.rmtree(workdir, ignore_errors=True)
+        group.close()
         del store
-
-
-def describe_rank() -> dict[str, Any]:
-    """What one rank sees: its variables, backend, device and thread count (a demo worker)."""
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "OMP_NUM_THREADS")
-    return {
-        **{key: os.environ.get(key) for key in keys},
-        "backend": dist.get_backend(),
-        "pid": os.getpid(),
-        "torch_threads": torch.get_num_threads(),
-    }
 
 
 def run_several(calls: dict[str, tuple]) -> dict:

@@ -22,25 +22,21 @@ import json
 import os
 import re
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from ddpguide.core.processes import processes_with_env, signal_all
+from ddpguide.core.processes import processes_with_env
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
+from ddpguide.launch import ranks
 
 DEFAULT_TIMEOUT_S = 90.0
 #: How long the other agents may run on after one agent has failed.
 FAILURE_GRACE_S = 20.0
 #: Marks every process of one launch (agents and workers inherit it).
-LAUNCH_ID_VARIABLE = "DDPGUIDE_LAUNCH_ID"
+LAUNCH_ID_VARIABLE = ranks.LAUNCH_ID_VARIABLE
 #: An empty or star-only log line, e.g. ``W1129 14:16:04.750000 10112 torch/distributed/run.py:982] ****``.
 _EMPTY_LOG_LINE = re.compile(r"^(?:[DIWEF]\d{4} [\d:.]+ +\d+ \S+:\d+\])?\s*\**\s*$")
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -127,35 +123,6 @@ def processes_of_launch(launch_id: str) -> list[int]:
     return processes_with_env(LAUNCH_ID_VARIABLE, launch_id)
 
 
-def _stop(processes: Sequence[subprocess.Popen], launch_id: str, grace_s: float = 5.0) -> None:
-    """SIGTERM the running agents (each forwards it to its workers), then SIGKILL any survivor."""
-    running = [p for p in processes if p.poll() is None]
-    for process in running:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)  # the agent leads its own process group
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    for process in running:
-        try:
-            process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    # A worker may fork while we look, and a killed one takes a while to go on a
-    # busy machine: look again until none is left (zombies no longer count).
-    deadline = time.monotonic() + 15.0
-    while time.monotonic() < deadline:
-        survivors = processes_of_launch(launch_id)
-        if not survivors:
-            break
-        signal_all(survivors, signal.SIGKILL)
-        time.sleep(0.1)
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-
-
 def _read_error_files(log_dir: Path) -> dict[int, dict]:
     """``<log-dir>/<run>/attempt_<n>/<local rank>/error.json`` of the last attempt, by local rank."""
     files: dict[int, dict] = {}
@@ -185,12 +152,12 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
     names = [agent.name for agent in agents]
     if not names or len(set(names)) != len(names):
         raise ValueError(f"agents need distinct names, got {names}")
-    launch_id = uuid.uuid4().hex
-    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-torchrun-"))
-    processes: list[subprocess.Popen] = []
     started = time.monotonic()
-    try:
-        def launch(agent: Agent) -> subprocess.Popen:
+    with ranks.Ranks() as group:
+        workdir = group.workdir
+        by_agent: dict[str, int] = {}
+
+        def launch(agent: Agent) -> None:
             agent_dir = workdir / agent.name
             agent_dir.mkdir()
             argv = agent.argv()
@@ -198,33 +165,24 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
             argv[3:3] = ["--log-dir", str(agent_dir / "logs")]
             # The agent's own error file: the caller's if it names one, else one in the workdir.
             extra = {**(env or {}), "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json"),
-                     **agent.env, LAUNCH_ID_VARIABLE: launch_id}
-            with open(agent_dir / "output.txt", "wb") as log_file:  # the child keeps its own copy
-                process = subprocess.Popen(
-                    argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=agent_environment(extra), start_new_session=True, cwd=agent.cwd)
-            processes.append(process)
-            return process
+                     **agent.env}
+            by_agent[agent.name] = group.start(ranks.Command(
+                argv, base_env=agent_environment(extra), cwd=agent.cwd, name=agent.name,
+                log=agent_dir / "output.txt"))
 
-        by_agent: dict[str, subprocess.Popen] = {
-            agent.name: launch(agent) for agent in agents if agent.start_when is None}
-        deadline = started + timeout
-        first_failure: float | None = None
-        while True:
-            for agent in agents:  # late agents start once their condition holds
+        def late_start() -> bool:  # late agents start once their condition holds
+            for agent in agents:
                 if agent.name not in by_agent and agent.start_when is not None and agent.start_when():
-                    by_agent[agent.name] = launch(agent)
-            if not any(p.poll() is None for p in processes):
-                break  # all started agents ended (a late one that never started stays None)
-            now = time.monotonic()
-            if first_failure is None and any(p.poll() not in (None, 0) for p in processes):
-                first_failure = now
-            if now > deadline or (first_failure is not None and now > first_failure + failure_grace_s):
-                break
-            time.sleep(0.05)
+                    launch(agent)
+            return False
+
+        for agent in agents:
+            if agent.start_when is None:
+                launch(agent)
+        group.wait(timeout, until=late_start, failure_grace=failure_grace_s)
         stopped = {agent.name for agent in agents
-                   if agent.name not in by_agent or by_agent[agent.name].poll() is None}
-        _stop(processes, launch_id)
+                   if agent.name not in by_agent or group.alive(by_agent[agent.name])}
+        group.stop()
         elapsed = time.monotonic() - started
         runs = []
         for agent in agents:
@@ -233,21 +191,18 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
             output = agent_dir / "output.txt"
             runs.append(AgentRun(
                 agent=agent,
-                returncode=None if agent.name in stopped else by_agent[agent.name].returncode,
+                returncode=None if agent.name in stopped else group.returncode(by_agent[agent.name]),
                 output=output.read_text(errors="replace") if output.exists() else "",
                 seconds=elapsed,
-                launch_id=launch_id,
+                launch_id=group.launch_id,
                 error_files=_read_error_files(agent_dir / "logs"),
                 root_cause=json.loads(root.read_text()) if root.exists() else None,
             ))
-        if stopped and raise_on_timeout and first_failure is None:
-            tails = "\n".join(f"--- {r.agent.name} ---\n" + "\n".join(r.lines()[-15:]) for r in runs)
-            raise TorchrunTimeout(f"agents {sorted(stopped)} did not finish within {timeout:g} s "
-                                  f"and were stopped\n{tails}", launch_id)
-        return runs
-    finally:
-        _stop(processes, launch_id)
-        shutil.rmtree(workdir, ignore_errors=True)
+    if stopped and raise_on_timeout and group.first_failure is None:
+        tails = "\n".join(f"--- {r.agent.name} ---\n" + "\n".join(r.lines()[-15:]) for r in runs)
+        raise TorchrunTimeout(f"agents {sorted(stopped)} did not finish within {timeout:g} s "
+                              f"and were stopped\n{tails}", group.launch_id)
+    return runs
 
 
 def run_torchrun(torchrun_args: Sequence[str], module: str, module_args: Sequence[str] = (),

@@ -21,10 +21,14 @@ start asks for values of those that the server was not started with, it uses
 ``DDPGUIDE_START_METHOD=spawn`` makes every start a fresh interpreter.
 
 The server is started once per process, on first use (again when the process has
-changed such a variable since), and dies with it: the server imports this module,
-which asks the kernel to kill the server when its parent goes (its forked ranks
-hold the server's "parent alive" pipe open, so the server would not notice by
-itself), and each rank asks the same of the server.
+changed such a variable since), and dies with it: the server imports this module
+after its preload (:func:`start`), which asks the kernel to kill the server when its
+parent goes (its forked ranks hold the server's "parent alive" pipe open, so the
+server would not notice by itself), and each rank asks the same of the server. It
+then checks what a fork needs (:func:`check_forkable`): one Python thread and no CUDA
+context, and warns otherwise.
+torch's agent in :mod:`ddpguide.elastic.node` forks its workers from the same kind of
+server, with its own preload.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 #: set in the parent before the server starts: the pid the server must die with
 PARENT_ENV = "DDPGUIDE_WARM_PARENT"
@@ -41,20 +46,23 @@ START_METHOD_ENV = "DDPGUIDE_START_METHOD"
 #: what the server imports once for every rank
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel",
            "torch.distributed.tensor", "torch.distributed.fsdp", "torch.distributed.checkpoint",
-           "ddpguide.launch.child", "ddpguide.launch.forked")
+           "ddpguide.launch.child", "ddpguide.launch.forked", "ddpguide.launch.ranks")
 #: variables read when an interpreter or a library starts, not later
 EXEC_TIME_PREFIXES = ("MALLOC_", "LD_", "PYTHON", "GLIBC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_",
                       "TORCH", "NCCL_", "CUDA_")
 #: set by each rank from its own environment (torch.set_num_threads)
 SET_BY_THE_RANK = frozenset({"OMP_NUM_THREADS"})
+#: what a launcher sets that torch reads only when a rank uses it (the agent's variables,
+#: read by the rendezvous and the error handler; nccl's error handling, read by a new group)
+READ_LATER = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 _server_environment: dict[str, str] | None = None
 
 
 def exec_time_variables(environ: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``environ`` that a process reads only when it starts."""
-    return {key: value for key, value in environ.items()
-            if key.startswith(EXEC_TIME_PREFIXES) and key not in SET_BY_THE_RANK}
+    return {key: value for key, value in environ.items() if key.startswith(EXEC_TIME_PREFIXES)
+            and not key.startswith(READ_LATER) and key not in SET_BY_THE_RANK}
 
 
 def start_method(environ: Mapping[str, str], set_by_the_rank: frozenset[str] = frozenset()) -> str:
@@ -88,8 +96,8 @@ def context(environ: Mapping[str, str], set_by_the_rank: frozenset[str] = frozen
     exited = pid is None or _has_exited(pid)
     if _server_environment != mine or exited:
         if pid is not None and not exited:  # never signal a pid another process may have now
-            _stop(pid)
-        _start()
+            _kill(pid)
+        start()
         _server_environment = mine
     return mp.get_context("forkserver")
 
@@ -102,7 +110,7 @@ def _has_exited(pid: int) -> bool:
         return True
 
 
-def _stop(pid: int) -> None:
+def _kill(pid: int) -> None:
     """Kill the server (its ranks die with it) and wait until it has exited, leaving it to
     multiprocessing to reap and start anew."""
     import signal
@@ -114,15 +122,37 @@ def _stop(pid: int) -> None:
         pass
 
 
-def _start() -> None:
+def start(preload: Sequence[str] = PRELOAD) -> None:
+    """Start multiprocessing's forkserver of this process now, importing ``preload`` in it;
+    it dies with this process and checks itself after the preload (see the module)."""
     from multiprocessing import forkserver
 
     os.environ[PARENT_ENV] = str(os.getpid())  # for the server only, see the module's end
     try:
-        multiprocessing.set_forkserver_preload([__name__, *PRELOAD])
+        multiprocessing.set_forkserver_preload([*preload, __name__])  # this module last
         forkserver.ensure_running()
     finally:
         del os.environ[PARENT_ENV]
+
+
+def check_forkable() -> list[str]:
+    """What makes this process unsafe to fork ranks from: a Python thread besides the main
+    one (a fork copies only the calling thread; a lock another thread holds stays held in
+    every rank), a CUDA context (a forked rank cannot use it).
+
+    Native threads are not counted: ``import torch`` alone leaves one, its thread pool's
+    (measured: two tasks in ``/proc/self/task`` after the import, one with
+    ``OMP_NUM_THREADS=1``), and every rank forked from the server starts with that."""
+    import threading
+
+    problems = []
+    if threading.active_count() != 1:
+        names = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        problems.append(f"Python threads {names} after the preload (a fork copies only one)")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        problems.append("a CUDA context after the preload (a forked rank cannot use it)")
+    return problems
 
 
 def server_pid() -> int | None:
@@ -157,3 +187,5 @@ if os.environ.get(PARENT_ENV) == str(os.getppid()):
     from ddpguide.core.processes import die_with_parent
 
     die_with_parent()
+    for problem in check_forkable():
+        warnings.warn(f"ddpguide warm server: {problem}", RuntimeWarning, stacklevel=1)

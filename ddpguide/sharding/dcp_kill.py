@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
 from ddpguide.core.models import Stack
+from ddpguide.launch import ranks
 from ddpguide.sharding.dcp import find_checkpoint, load_sharded, save_sharded
 from ddpguide.sharding.dcp_workers import full_tensors
 
@@ -87,17 +87,6 @@ def child(workdir: Path, point: str) -> None:
         save_sharded(model, optimizer, workdir / CHECKPOINT, extra={"name": name})
 
 
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"the saving process exited with {process.returncode} before "
-                               f"pausing:\n{process.stdout.read() if process.stdout else ''}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the saving process did not reach its pause within {timeout:g} s")
-        time.sleep(0.05)
-
-
 def kill_during_save(point: str, workdir: str | os.PathLike, timeout: float = 120.0) -> dict:
     """Kill a save at ``point`` (one of :data:`POINTS`); report what is left and what loads.
 
@@ -109,18 +98,19 @@ def kill_during_save(point: str, workdir: str | os.PathLike, timeout: float = 12
         raise ValueError(f"unknown point {point!r}: choose one of {', '.join(POINTS)}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen([sys.executable, "-m", __name__, str(workdir), point],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for(workdir / MARKER, process, timeout)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
-        if process.stdout:
-            process.stdout.close()
+    with ranks.Ranks() as group:
+        saver = group.start(ranks.Command([sys.executable, "-m", __name__, str(workdir), point]))
+        group.wait(timeout, until=(workdir / MARKER).exists)
+        if not (workdir / MARKER).exists():
+            code = group.returncode(saver)
+            group.stop(grace=0.0)
+            if code is None:
+                raise TimeoutError(f"the saving process did not reach its pause within {timeout:g} s")
+            raise RuntimeError(f"the saving process exited with {code} before "
+                               f"pausing:\n{group.ended().output}")
+        group.signal(saver, signal.SIGKILL)
+        group.stop(grace=0.0)
+        killed_by = group.returncode(saver)
     entries = sorted(p.name for p in workdir.iterdir() if p.name.startswith((CHECKPOINT, ".")))
     found = find_checkpoint(workdir / CHECKPOINT)
     model, optimizer = _model(99)  # other weights: only the load can make them equal
@@ -129,7 +119,7 @@ def kill_during_save(point: str, workdir: str | os.PathLike, timeout: float = 12
     loaded = full_tensors(model, optimizer)
     exact = loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k])
                                                       for k in expected)
-    return {"point": point, "signal": process.returncode, "entries": entries,
+    return {"point": point, "signal": killed_by, "entries": entries,
             "loaded_from": found.name if found else None, "loaded": extra["name"], "exact": exact}
 
 

@@ -125,9 +125,13 @@ def test_nccl_versions_are_compared_across_ranks():
 
 # ---------------------------------------------------------------- local
 
-def test_rank_environment_is_what_a_launcher_gives(monkeypatch):
+def test_a_local_rank_gets_what_a_launcher_gives(monkeypatch):
+    from ddpguide.core.runtime import launcher_environment
+    from ddpguide.launch.torchrun import agent_environment
+
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "left-over")  # an outer launcher's: not inherited
-    env = local.rank_environment(1, 3, 29555)
+    env = agent_environment({**launcher_environment(1, 3, 29555, addr=local.HOST),
+                             "DDPGUIDE_DOCTOR_LOCAL": "1"})  # as local.run_local builds it
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                 "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                                 "DDPGUIDE_DOCTOR_LOCAL", "PYTHONUNBUFFERED")} == {

@@ -46,11 +46,11 @@ def _close(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) 
 @pytest.mark.timeout(240)
 def test_saved_by_2_resumes_on_3_at_the_next_epoch_and_loads_into_one_process(tmp_path):
     checkpoint, data = tmp_path / "checkpoint", toy_data(64)
-    two = spawn(fit, 2, _config(checkpoint, 2), data=data, strategy=FSDP2(), timeout=150,
+    two = spawn(fit, 2, _config(checkpoint, 2), kwargs={"data": data, "strategy": FSDP2()}, timeout=150,
                 echo=False)
     assert [(r.start_epoch, r.saved_by) for r in two] == [(0, None)] * 2
     assert read_extra(checkpoint)["world_size"] == 2
-    three = spawn(fit, 3, _config(checkpoint, 4), data=data, strategy=FSDP2(), timeout=150,
+    three = spawn(fit, 3, _config(checkpoint, 4), kwargs={"data": data, "strategy": FSDP2()}, timeout=150,
                   echo=False)
     assert [(r.start_epoch, r.saved_by) for r in three] == [(2, 2)] * 3
     history = three[0].history

@@ -1,5 +1,5 @@
-"""The forkserver's start-up module (``ddpguide.elastic.warm``): node mode preloads it,
-it imports what every forked worker needs, and it dies with its agent."""
+"""Node mode's forkserver (``ddpguide.launch.warm.start``): it imports what every forked
+worker needs, checks that it can be forked from, and dies with its agent."""
 
 from __future__ import annotations
 
@@ -16,39 +16,41 @@ from ddpguide.core.processes import alive, signal_all
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
-import sys, time
-import ddpguide.elastic.warm as warm
-wanted = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel",
-          "ddpguide.elastic.worker", "ddpguide.train.loop"]
-print("ready", warm.AGENT_PID_ENV, [m for m in wanted if m not in sys.modules], flush=True)
+import importlib, sys, time
+from ddpguide.elastic.node import PRELOAD
+for name in PRELOAD:
+    importlib.import_module(name)
+import ddpguide.launch.warm as warm  # last, as the server imports it
+print("ready", warm.check_forkable(), flush=True)
 time.sleep(60)
 """
 AGENT = """
 import os, subprocess, sys
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]],
-                         env={**os.environ, "DDPGUIDE_AGENT_PID": str(os.getpid())})
+                         env={**os.environ, "DDPGUIDE_WARM_PARENT": str(os.getpid())})
 print(child.pid, flush=True)
 child.wait()
 """
 
 
-@pytest.mark.parametrize("strategy, modules", [
-    ("ddp", ["ddpguide.elastic.warm"]),
-    ("fsdp", ["ddpguide.elastic.warm", "ddpguide.sharding.fsdp_strategy"]),
+@pytest.mark.parametrize("strategy, extra", [
+    ("ddp", []),
+    ("fsdp", ["ddpguide.sharding.fsdp_strategy"]),
 ])
-def test_node_mode_preloads_this_module(monkeypatch, strategy, modules):
+def test_node_mode_preloads_the_worker_and_the_warm_module_last(monkeypatch, strategy, extra):
     import multiprocessing
     from multiprocessing import forkserver
 
     from ddpguide.elastic import node
 
     preloaded: list[list[str]] = []
+    seen: list[str | None] = []
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", preloaded.append)
-    monkeypatch.setattr(forkserver, "ensure_running", lambda: None)  # start nothing
-    monkeypatch.setenv("DDPGUIDE_AGENT_PID", "")
+    monkeypatch.setattr(forkserver, "ensure_running",  # start nothing
+                        lambda: seen.append(os.environ.get("DDPGUIDE_WARM_PARENT")))
     node._start_forkserver(strategy)
-    assert preloaded == [modules]
-    assert os.environ["DDPGUIDE_AGENT_PID"] == str(os.getpid())
+    assert preloaded == [[*node.PRELOAD, *extra, "ddpguide.launch.warm"]]
+    assert seen == [str(os.getpid())] and "DDPGUIDE_WARM_PARENT" not in os.environ
 
 
 @pytest.mark.timeout(90)
@@ -59,7 +61,7 @@ def test_it_imports_the_workers_needs_and_dies_with_its_agent():
     child = None
     try:
         child = int(agent.stdout.readline())
-        assert agent.stdout.readline().split(maxsplit=1) == ["ready", "DDPGUIDE_AGENT_PID []\n"]
+        assert agent.stdout.readline() == "ready []\n"  # one thread, no CUDA context
         agent.kill()
         agent.wait(10)
         deadline = time.monotonic() + 10

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ddpguide.launch import forked, programs
+from ddpguide.launch import forked, programs, ranks
 
 SEES = """\
 import json, os, sys
@@ -67,24 +67,24 @@ def test_only_python_and_a_standalone_torchrun_can_be_forked():
     assert forked.ranks_of(("torchrun", "--standalone", "--nproc-per-node=2", "--max-restarts=1")) is None
 
 
-def _seen(monkeypatch, mode: str) -> list[dict]:
-    monkeypatch.setenv(forked.MODE_ENV, mode)
-    done = programs.run("sees.py", "--steps", "2", launcher=programs.torchrun(2), echo=False)
+def _seen(launch: str) -> list[dict]:
+    done = programs.run("sees.py", "--steps", "2", launcher=programs.torchrun(2), echo=False,
+                        launch=launch)
     return sorted((json.loads(line) for line in done.program_lines() if line.startswith("{")),
                   key=lambda seen: seen["RANK"])
 
 
 @pytest.mark.multiprocess
 def test_a_forked_rank_sees_what_a_torchrun_worker_sees(fake_programs, monkeypatch):
-    typed = _seen(monkeypatch, "command")
+    typed = _seen("typed")
     assert [seen["RANK"] for seen in typed] == ["0", "1"]
     assert typed[0]["argv"] == ["sees.py", "--steps", "2"] and typed[0]["total"] == 1.0
-    assert _seen(monkeypatch, "forked") == typed
+    assert _seen("warm") == typed
 
 
 @pytest.mark.multiprocess
 def test_one_process_forked_gets_its_arguments_its_folder_and_its_exit_status(fake_programs, monkeypatch):
-    monkeypatch.setenv(forked.MODE_ENV, "forked")
+    monkeypatch.setattr(programs, "LAUNCH", "warm")
     done = programs.run("fails.py", "x", expect=3, echo=False)
     assert (done.command, done.lines()) == ("python fails.py x", ["about to fail"])
     raised = programs.run("raises.py", expect=1, echo=False)
@@ -95,16 +95,16 @@ def test_one_process_forked_gets_its_arguments_its_folder_and_its_exit_status(fa
 
 @pytest.mark.multiprocess
 def test_a_failing_rank_stops_the_others_and_the_status_is_1(fake_programs, monkeypatch):
-    monkeypatch.setenv(forked.MODE_ENV, "forked")
+    monkeypatch.setattr(programs, "LAUNCH", "warm")
     started = time.monotonic()
     done = programs.run("fails.py", launcher=programs.torchrun(2), expect=1, echo=False, timeout=60)
-    assert time.monotonic() - started < forked.TERMINATE_GRACE_S + 5
+    assert time.monotonic() - started < ranks.GRACE_S + 5
     assert done.lines() == ["about to fail", "about to fail", "forked ranks: rank 1 exited with 3"]
 
 
 @pytest.mark.multiprocess
 def test_ranks_that_all_fail_at_once_end_with_status_1(fake_programs, monkeypatch):
-    monkeypatch.setenv(forked.MODE_ENV, "forked")
+    monkeypatch.setattr(programs, "LAUNCH", "warm")
     for _ in range(5):  # every rank may have exited before the first look
         done = programs.run("raises.py", launcher=programs.torchrun(2), expect=1, echo=False)
         assert done.lines()[-1].startswith("forked ranks: rank ")
@@ -112,7 +112,7 @@ def test_ranks_that_all_fail_at_once_end_with_status_1(fake_programs, monkeypatc
 
 @pytest.mark.multiprocess
 def test_forked_ranks_past_their_time_are_killed(fake_programs, monkeypatch, capsys):
-    monkeypatch.setenv(forked.MODE_ENV, "forked")
+    monkeypatch.setattr(programs, "LAUNCH", "warm")
     started = time.monotonic()
     with pytest.raises(programs.ProgramTimeout, match="did not finish within 3 s"):
         programs.run("hangs.py", launcher=programs.torchrun(2), timeout=3)
@@ -123,7 +123,7 @@ def test_forked_ranks_past_their_time_are_killed(fake_programs, monkeypatch, cap
 
 @pytest.mark.multiprocess
 def test_a_variable_only_a_fresh_interpreter_reads_makes_the_command_run_as_typed(fake_programs, monkeypatch):
-    monkeypatch.setenv(forked.MODE_ENV, "forked")
+    monkeypatch.setattr(programs, "LAUNCH", "warm")
     assert programs.run("debug.py", echo=False).lines() == ["DebugLevel.OFF"]
     done = programs.run("debug.py", echo=False, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert done.lines() == ["DebugLevel.DETAIL"]

@@ -1,16 +1,16 @@
 """Run a book program the way a reader does: alone in an empty folder, with the chapter's command.
 
-Every run is bounded in time. Each process it starts (the program, its spawned
-ranks, torchrun agents and the workers they start in sessions of their own)
-carries a launch marker in its environment, and everything with the marker is
-killed when the run ends, however it ends.
+Every run is bounded in time (``ddpguide.launch.ranks``). Each process it starts (the
+program, its spawned ranks, torchrun agents and the workers they start in sessions of
+their own) carries the runner's launch marker in its environment, and everything with the
+marker is killed when the run ends, however it ends. A program's first run in the test
+process is typed, later ones forked warm (``programs.launch_of``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,8 +21,8 @@ from types import ModuleType
 import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
-from ddpguide.launch import forked, programs
-from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE, processes_of_launch
+from ddpguide.launch import forked, programs, ranks
+from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 PYTHON = sys.executable
@@ -52,32 +52,12 @@ def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> d
     return env
 
 
-def kill_launch(launch_id: str, within_s: float = 15.0) -> None:
-    """SIGKILL every process carrying the launch marker until none is left."""
-    deadline = time.monotonic() + within_s
-    while (pids := processes_of_launch(launch_id)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-
-
-def start(argv: list[str], cwd: Path, launch_id: str, env: dict[str, str] | None = None,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> subprocess.Popen:
-    """Start ``argv`` in ``cwd`` in a session of its own, marked with ``launch_id``."""
-    return subprocess.Popen(argv, cwd=cwd, env=reader_environment(launch_id, env), text=True,
-                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                            start_new_session=True)
-
-
 def forkable(argv: list[str]) -> tuple[int, list[str]] | None:
     """``(ranks, [program, *args])`` when forked ranks can stand for ``argv``
     (``ddpguide.launch.forked``): ``PYTHON prog.py ...`` or ``TORCHRUN --standalone
     --nproc-per-node=N prog.py ...``; else None."""
     at = next((i for i, part in enumerate(argv) if part.endswith(".py")), None)
-    if at is None or not forked.enabled():
+    if at is None or programs.launch_of(argv[at]) != "warm":
         return None
     names = {PYTHON: "python", TORCHRUN: "torchrun"}
     nproc = forked.ranks_of([names.get(argv[0], argv[0]), *argv[1:at]])
@@ -90,29 +70,20 @@ def run(argv: list[str], cwd: Path, timeout: float,
 
     Its ranks are forked warm when they can be and the test is not marked ``typed``
     (``tests/conftest.py``)."""
-    launch_id = uuid.uuid4().hex
     began = time.monotonic()
     program = forkable(argv)
     done = None if program is None else forked.run(
-        cwd, program[1], program[0], reader_environment(launch_id, env), timeout, separate_errors=True)
-    if done is not None:
-        if done.timed_out:
-            pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{done.output[-3000:]}"
-                        f"\n--- stderr\n{(done.errors or '')[-3000:]}")
-        result = subprocess.CompletedProcess(argv, done.returncode, done.output, done.errors)
-        result.seconds = time.monotonic() - began
-        return result
-    process = start(argv, cwd, launch_id, env)
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_launch(launch_id)
-        out, err = process.communicate(timeout=10)
-        pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{out[-3000:]}"
-                    f"\n--- stderr\n{err[-3000:]}")
-    finally:
-        kill_launch(launch_id)
-    result = subprocess.CompletedProcess(argv, process.returncode, out, err)
+        cwd, program[1], program[0], reader_environment(uuid.uuid4().hex, env), timeout,
+        separate_errors=True)
+    if done is None:
+        done = ranks.run([ranks.Command(argv, base_env=reader_environment("", env), cwd=cwd)],
+                         timeout, separate_errors=True)
+        programs.TYPED.update(part for part in argv if part.endswith(".py"))
+    if done.timed_out:
+        pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{done.output[-3000:]}"
+                    f"\n--- stderr\n{(done.errors or '')[-3000:]}")
+    code = done.returncodes[0] if program is None else done.returncode
+    result = subprocess.CompletedProcess(argv, code, done.output, done.errors)
     result.seconds = time.monotonic() - began
     return result
 

@@ -24,7 +24,7 @@ import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
 from ddpguide.doctor.stacks import dump_stack, find_workers
-from ddpguide.launch import forked, warm
+from ddpguide.launch import forked, programs, warm
 from ddpguide.launch.torchrun import Agent, AgentRun, run_agents
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs" / "debug"
@@ -67,6 +67,9 @@ def runs(tmp_path_factory):
     ]
     # "shape" and "crash": their tests read torchrun's report of the failure
     typed = [a for a in agents if a.name in ("shape", "crash") or not forks(a)]
+    for a in agents:  # every program's ranks go through interpreter teardown at least once
+        if Path(a.module).name not in {Path(t.module).name for t in typed}:
+            typed.append(a)
     done: list[AgentRun] = []
     thread = threading.Thread(target=lambda: done.extend(
         run_agents(typed, timeout=280, raise_on_timeout=False, failure_grace_s=280)))
@@ -84,7 +87,7 @@ def runs(tmp_path_factory):
 def forks(spec: Agent) -> bool:
     """Whether forked ranks can stand for the agent's command: no launcher option beyond
     the two ranks, no variable that only a fresh interpreter reads."""
-    return (spec.torchrun_args == LAUNCHER and forked.enabled()
+    return (spec.torchrun_args == LAUNCHER and programs.LAUNCH != "typed"
             and warm.start_method(environment(spec)) == "forkserver")
 
 

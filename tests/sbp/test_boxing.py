@@ -24,7 +24,7 @@ SHAPES_2D = ((4, 4), (5, 3))
 @pytest.fixture(scope="module")
 def records():
     ranks = spawn(run, WORLD, ["boxing_all"], timeout=200, collective_timeout=60, echo=False,
-                  options={"boxing_all": {"shapes_1d": SHAPES_1D, "shapes_2d": SHAPES_2D}})
+                  kwargs={"options": {"boxing_all": {"shapes_1d": SHAPES_1D, "shapes_2d": SHAPES_2D}}})
     return [dict(rec, rank=rank) for rank, result in enumerate(ranks) for rec in result["boxing_all"]]
 
 
