@@ -33,11 +33,10 @@ import argparse
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import socket
-import multiprocessing
-import sys
 import tempfile
 import time
 from datetime import timedelta
@@ -202,7 +201,7 @@ def worker(args):
         manager.shutdown(wait=False)
 
 
-def free_lighthouse_reachable(addr, seconds=2.0):
+def lighthouse_reachable(addr, seconds=2.0):
     """True when something accepts a TCP connection at addr (http://host:port)."""
     hostport = addr.split("//", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
@@ -240,7 +239,7 @@ def check(args, parser):
         parser.error("--chaos must be 0 or more and --chaos-gap 1 or more")
     if args.chaos and args.groups < 2:
         parser.error("--chaos needs --groups 2 or more: a survivor to heal from")
-    if args.lighthouse and not free_lighthouse_reachable(args.lighthouse):
+    if args.lighthouse and not lighthouse_reachable(args.lighthouse):
         parser.error(f"lighthouse {args.lighthouse} cannot be reached")
     if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
         parser.error(f"--report {args.report}: no such directory")
@@ -367,8 +366,13 @@ def drive(args, ids):
           f"final weights {sorted({r['weights'] for r in report['final']})}")
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr and exit status 2, without the usage block
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=2, help="replica groups (default 2)")
     parser.add_argument("--steps", type=int, default=12, help="steps to commit (default 12)")
     parser.add_argument("--lr", type=float, default=0.1)
