@@ -149,14 +149,17 @@ def worker(args):
         timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
         replica_id=args.replica_id, store_addr="127.0.0.1", store_port=args.store_port,
         rank=0, world_size=1, lighthouse_addr=args.lighthouse, hostname="127.0.0.1")
-    ddp = tolerant_ddp(manager, model, args.torchft_hook)
-    optimizer = Optimizer(manager, inner)
     if args.incarnation == 0:                        # the first start: every group together
         store = dist.TCPStore("127.0.0.1", args.store_port, is_master=False,
                               timeout=timedelta(seconds=args.deadline))
         store.set("ready0", "1")
         store.wait(["go"])
 
+    sent = count_bytes(manager)
+    if args.diloco:
+        return train_diloco(args, manager, model, inner, out, sent)
+    ddp = tolerant_ddp(manager, model, args.torchft_hook)
+    optimizer = Optimizer(manager, inner)
     if die_where == "allreduce":
         start_allreduce = manager.allreduce
 
@@ -186,16 +189,60 @@ def worker(args):
             row = {"event": "step", "group": args.group, "incarnation": args.incarnation,
                    "step": step, "quorum": manager._quorum_id,
                    "participants": manager.num_participants(),
-                   "committed": committed, "loss": loss.item(),
+                   "committed": committed, "loss": loss.item(), "bytes": sent[0],
                    "weights": digest(model), "time": time.time()}
             out.write(json.dumps(row) + "\n")
             time.sleep(args.step_seconds)            # stands in for a longer step
             print(f"group {args.group} step {step:3d} quorum {row['quorum']} "
                   f"participants {row['participants']} committed {committed}", flush=True)
-        final = {"event": "final", "group": args.group, "step": manager.current_step(),
-                 "weights": digest(model),
-                 "params": [p.detach().flatten().tolist() for p in model.parameters()]}
-        out.write(json.dumps(final) + "\n")
+        write_final(out, args, manager, model)
+    finally:
+        out.close()
+        manager.shutdown(wait=False)
+
+
+def write_final(out, args, manager, model):
+    out.write(json.dumps({"event": "final", "group": args.group, "step": manager.current_step(),
+                          "weights": digest(model),
+                          "params": [p.detach().flatten().tolist() for p in model.parameters()]})
+              + "\n")
+
+
+def count_bytes(manager):
+    """Count the bytes this group hands to the Manager's all-reduce (DDP's buckets, DiLoCo's
+    pseudo-gradients: every cross-group byte goes through Manager.allreduce)."""
+    sent = [0]
+    start_allreduce = manager.allreduce
+
+    def counted(tensor, *a, **kw):
+        sent[0] += tensor.numel() * tensor.element_size()
+        return start_allreduce(tensor, *a, **kw)
+    manager.allreduce = counted
+    return sent
+
+
+def train_diloco(args, manager, model, inner, out, sent):
+    """DiLoCo (torchft.local_sgd.DiLoCo): --diloco H inner steps on the group's own data, then
+    one all-reduce of the pseudo-gradient (parameters at the last sync minus now) and one outer
+    SGD step (--outer-lr, --outer-momentum). The Manager's step counts the syncs."""
+    from torchft.local_sgd import DiLoCo
+
+    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum)
+    inner_step = 0
+    try:
+        with DiLoCo(manager, [model], inner, outer, sync_every=args.diloco,
+                    backup_device=torch.device("cpu"), pin_memory=False):
+            while manager.current_step() < args.steps:
+                x, y = batch(args.seed, inner_step, args.group)
+                inner.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                inner.step()                         # every H-th: the sync and the outer step
+                out.write(json.dumps({"event": "inner", "group": args.group, "inner": inner_step,
+                                      "step": manager.current_step(), "loss": loss.item(),
+                                      "bytes": sent[0], "time": time.time()}) + "\n")
+                inner_step += 1
+        write_final(out, args, manager, model)
     finally:
         out.close()
         manager.shutdown(wait=False)
@@ -239,6 +286,10 @@ def check(args, parser):
         parser.error("--chaos must be 0 or more and --chaos-gap 1 or more")
     if args.chaos and args.groups < 2:
         parser.error("--chaos needs --groups 2 or more: a survivor to heal from")
+    if args.diloco < 0:
+        parser.error("--diloco must be 0 (DDP) or a number of inner steps")
+    if args.diloco and (args.chaos or args.kill_group is not None):
+        parser.error("--diloco runs without injected failures")
     if args.lighthouse and not lighthouse_reachable(args.lighthouse):
         parser.error(f"lighthouse {args.lighthouse} cannot be reached")
     if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
@@ -352,7 +403,7 @@ def drive(args, ids):
         lighthouse.shutdown()
     report = {"groups": len(ids), "replica_ids": ids, "steps": args.steps, "seed": args.seed,
               "lr": args.lr, "planned_kills": kills, "start": t0, "exit_codes": exits}
-    for event in ("step", "contributed", "killed", "healed", "final"):
+    for event in ("step", "inner", "contributed", "killed", "healed", "final"):
         report[event] = [r for r in rows if r["event"] == event]
     if args.report:
         with open(args.report + ".tmp", "w") as f:
@@ -382,6 +433,11 @@ def main(argv=None):
     parser.add_argument("--kill-group", type=int, help="the group to kill")
     parser.add_argument("--at", type=int, help="the step at which it dies")
     parser.add_argument("--where", choices=WHERE, default="step")
+    parser.add_argument("--diloco", type=int, default=0, metavar="H",
+                        help="DiLoCo with H inner steps per sync instead of DDP (default 0: DDP)")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer SGD lr")
+    parser.add_argument("--outer-momentum", type=float, default=0.0,
+                        help="DiLoCo's outer SGD momentum (default 0)")
     parser.add_argument("--chaos", type=int, default=0,
                         help="instead: N kills of random groups, steps and places (from --seed)")
     parser.add_argument("--chaos-gap", type=int, default=10,
