@@ -30,8 +30,9 @@ ALLOWED = {
     "context": {"core", "launch"},
     "experts": {"core", "launch"},
     "gpt": {"core", "launch"},
+    "failures": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts", "gpt"},
+              "sharding", "doctor", "context", "experts", "gpt", "failures"},
 }
 
 

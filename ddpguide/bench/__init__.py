@@ -21,6 +21,8 @@ SUITES = {
     "gpt": "the GPT on several layouts: bytes counted against predicted, MFU, step time predicted "
            "from a narrow model's step and the growth of compute and bytes, activation checkpointing, "
            "compile (chapter 14)",
+    "failures": "per-step fault tolerance against torchrun's restart, DiLoCo's bytes, the checkpoint "
+                "interval against Young-Daly (chapter 17)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]
