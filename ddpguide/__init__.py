@@ -22,6 +22,7 @@ chapter                         where its machinery lives
 12 mixture of experts           ``experts``
 13 pipeline schedules           ``pipeline.zoo``, ``pipeline.viz``
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
+17 failures at scale            ``failures``
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -98,6 +99,9 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "14_gpt_capstone": ("14", (
         "gpt.layouts", "launch.programs",
     ), ("bench", "gpt")),
+    "17_failures": ("17", (
+        "failures.cadence", "failures.checks", "failures.runs", "launch.programs",
+    ), ("bench",)),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

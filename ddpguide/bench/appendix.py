@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpguide.bench.failures import ANCHORS as FAILURES_ANCHORS
+
 
 @dataclass(frozen=True)
 class Anchor:
@@ -140,8 +142,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "mfu_one_process": Anchor("model FLOPs (6 x parameters x tokens + attention) per second / the "
                                   "matmul peak measured in the same run, 1 process, float32", "", ">= 0.5"),
         "bytes_counted_over_predicted": Anchor("bytes put into every collective, counted in a step / "
-                                               "the formulas of cost.py, every kind and layout",
-                                               "", "= 1.000"),
+                                               "the formulas of cost.py, every kind and layout", "", "= 1.000"),
         **{f"step_time_predicted_over_measured_{key}": Anchor(
             f"step time predicted (the step at --dim 16 + the growth of FLOPs and bytes) / measured, {name}",
             "", "0.8-1.25")
@@ -154,25 +155,9 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
             "a checkpointed block keeps only its input (Ultra-Scale Playbook)", ""),
         "compile_step_over_eager": Anchor("step time, --compile (every block) / eager, 1 process", "", ""),
     },
-    "failures": {
-        "ft_recovery_s": Anchor("seconds a kill costs the surviving replica group (ft_train.py, "
-                                "torchft, 2 groups)", "", "torchrun_recovery_s / 5 or less"),
-        "torchrun_recovery_s": Anchor("seconds a killed worker costs under torchrun "
-                                      "(elastic_train.py: restart, reload the checkpoint)", "", ""),
-        "torchrun_over_ft_recovery": Anchor("torchrun_recovery_s / ft_recovery_s", "", ">= 5"),
-        "diloco_bytes_over_ddp_times_h": Anchor("DiLoCo's all-reduce bytes per inner step / DDP's "
-                                                "per step x H (H = 4)", "", "1.00 +- 0.01"),
-        "young_daly_best_interval_measured_over_predicted": Anchor(
-            "goodput-best checkpoint interval (simulated clock, C measured) / sqrt(2 C M)",
-            "Young 1974, Daly 2006", "0.67-1.5"),
-        "lost_per_failure_over_tau_half_plus_restart": Anchor(
-            "work lost per failure at the best interval / (tau / 2 + restart)", "", "about 1"),
-        "goodput_checkpointing": Anchor("goodput at the best checkpoint interval (modelled)", "", ""),
-        "goodput_per_step_ft": Anchor("goodput with per-step fault tolerance: 1 - lost / M (modelled)",
-                                      "", ""),
-    },
 }
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
+ANCHORS["failures"] = {name: Anchor(*row) for name, row in FAILURES_ANCHORS.items()}
 
 
 def machine_summary() -> str:

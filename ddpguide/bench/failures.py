@@ -18,6 +18,23 @@ import statistics
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
 
+#: the appendix's anchors for this suite: (what, reference, goal)
+ANCHORS = {
+    "ft_recovery_s": ("seconds a kill costs the surviving torchft replica group (ft_train.py)", "", ""),
+    "torchrun_recovery_s": ("seconds a killed worker costs under torchrun (elastic_train.py: restart, "
+                            "reload the checkpoint)", "", ""),
+    "torchrun_over_ft_recovery": ("torchrun_recovery_s / ft_recovery_s", "", ">= 5"),
+    "diloco_bytes_over_ddp_times_h": ("DiLoCo's bytes per inner step / DDP's per step x H", "",
+                                      "1.00 +- 0.01"),
+    "young_daly_best_interval_measured_over_predicted": (
+        "goodput-best checkpoint interval (simulated clock, C measured) / sqrt(2 C M)",
+        "Young 1974, Daly 2006", "0.67-1.5"),
+    "lost_per_failure_over_tau_half_plus_restart": (
+        "work lost per failure at the best interval / (tau / 2 + restart), modelled", "", "about 1"),
+    "goodput_checkpointing": ("goodput at the best checkpoint interval, modelled", "", ""),
+    "goodput_per_step_ft": ("goodput with per-step fault tolerance, 1 - lost / M, modelled", "", ""),
+}
+
 
 def _bytes_per_inner_step(report: dict, key: str) -> float:
     rows = [r for r in report[key] if r["group"] == 0]
@@ -29,7 +46,7 @@ def run(quick: bool = False) -> Report:
     from ddpguide.failures import cadence, runs
 
     report = Report("failures")
-    h = 4
+    h = 2 if quick else 4
     with tracked(report, total=5, unit="figure") as progress:
         ddp = runs.run_ft("--steps", str(4 * h))
         diloco = runs.run_ft("--steps", "4", "--diloco", str(h))
