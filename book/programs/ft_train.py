@@ -19,7 +19,8 @@ Optimizer wrapper. The model and the data are float64, generated from --seed.
 
 Failures are injected with --kill-group G --at STEP [--where W]:
   step       G's process exits after its backward, before it votes on the commit;
-  allreduce  G's process exits right after starting its all-reduce;
+  allreduce  G's process exits inside Manager.allreduce, before its gradient leaves
+             (the other groups are waiting inside theirs);
   heal       G exits inside step STEP, and its replacement exits again inside its
              heal (after receiving the peer's state, before loading it).
 A killed group is replaced by a spare process that has already imported torch and
@@ -163,12 +164,11 @@ def worker(args):
     if die_where == "allreduce":
         start_allreduce = manager.allreduce
 
-        def allreduce_then_die(tensor, *a, **kw):
-            work = start_allreduce(tensor, *a, **kw)
+        def die_in_allreduce(tensor, *a, **kw):   # the peers are already inside theirs
             if manager.current_step() == die_at:
                 die("allreduce")
-            return work
-        manager.allreduce = allreduce_then_die
+            return start_allreduce(tensor, *a, **kw)
+        manager.allreduce = die_in_allreduce
 
     try:
         while manager.current_step() < args.steps:

@@ -41,6 +41,9 @@ def test_kill_inside_the_allreduce_every_invariant_holds():
     assert [h["group"] for h in report["healed"]] == [1]
     assert {r["participants"] for r in report["step"] if r["committed"]} <= {1, 2}
     assert len(runs.ft_lost_s(report)) == 1
+    # it died before its gradient left: the survivor's all-reduce failed, the step was not
+    # committed in that quorum and was done again
+    assert any(not r["committed"] for r in report["step"] if r["group"] == 0 and r["step"] == 3)
 
 
 def test_chaos_short_every_invariant_holds():
@@ -54,7 +57,7 @@ def test_chaos_short_every_invariant_holds():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_chaos_long_every_invariant_holds(seed):
-    report = runs.run_ft("--groups", "3", "--chaos", "6", "--seed", str(seed), "--steps", "80",
+    report = runs.run_ft("--chaos", "6", "--seed", str(seed), "--steps", "80",
                          "--chaos-gap", "8", "--step-seconds", "0.05", timeout=400)
     found = checks.all_invariants(report, programs.load(runs.PROGRAM))
     assert found["ok"], found
