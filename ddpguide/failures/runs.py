@@ -39,8 +39,9 @@ def step_interval_s(times: list[float]) -> float:
 
 
 def ft_lost_s(report: dict) -> list[float]:
-    """For each kill inside a step or an all-reduce: seconds from the kill to the survivors'
-    next committed step, less one ordinary step (that step's own work)."""
+    """For each kill inside a step or an all-reduce: how long the survivors' steps stalled,
+    the gap between their last commit before the kill and their first after it, less one
+    ordinary step (the median gap between commits before the kill)."""
     lost = []
     for kill in report["killed"]:
         if kill["where"] == "heal":
@@ -49,8 +50,8 @@ def ft_lost_s(report: dict) -> list[float]:
                       if r["committed"] and r["group"] != kill["group"])
         before = [t for t in mine if t <= kill["time"]]
         after = [t for t in mine if t > kill["time"]]
-        if after:
-            lost.append(after[0] - kill["time"] - step_interval_s(before))
+        if before and after:
+            lost.append(after[0] - before[-1] - step_interval_s(before))
     return lost
 
 
@@ -70,9 +71,9 @@ def _workers(agent: int) -> list[int]:
 def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
                     timeout: float = 180.0) -> dict:
     """torchrun --standalone --nproc-per-node=2 --max-restarts=1 elastic_train.py; SIGKILL of
-    worker 1 after ``kill_after_epochs`` epochs; seconds from the kill to the first epoch of the
-    restarted group, less one ordinary epoch. The epoch log is polled every 20 ms (its lines'
-    arrival times are the measurement)."""
+    worker 1 after ``kill_after_epochs`` epochs; the gap between the last epoch before the kill
+    and the first epoch of the restarted group, less one ordinary epoch (as ``ft_lost_s``). The
+    epoch log is polled every 20 ms (its lines' arrival times are the measurement)."""
     with tempfile.TemporaryDirectory(prefix="ddpguide-torchrun-") as tmp:
         folder = Path(tmp)
         source = programs.copy_program("elastic_train.py", folder)
@@ -111,5 +112,5 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
             group.stop(grace=2.0)
         first = next(t for t, e in arrivals if e["restart_count"] >= 1)
         interval = step_interval_s(before)
-        return {"lost_s": first - killed - interval, "epoch_s": interval,
+        return {"lost_s": first - before[-1] - interval, "epoch_s": interval,
                 "kill_to_first_epoch_s": first - killed}
