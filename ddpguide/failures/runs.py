@@ -38,10 +38,10 @@ def step_interval_s(times: list[float]) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
-def ft_lost_s(report: dict) -> list[float]:
+def ft_lost_s(report: dict, window: int = 3) -> list[float]:
     """For each kill inside a step or an all-reduce: how long the survivors' steps stalled,
-    the gap between their last commit before the kill and their first after it, less one
-    ordinary step (the median gap between commits before the kill)."""
+    the gaps between their commits from the last one before the kill to the ``window``-th
+    after it, less ``window`` ordinary steps (the median gap between commits before the kill)."""
     lost = []
     for kill in report["killed"]:
         if kill["where"] == "heal":
@@ -49,9 +49,9 @@ def ft_lost_s(report: dict) -> list[float]:
         mine = sorted(r["time"] for r in report["step"]
                       if r["committed"] and r["group"] != kill["group"])
         before = [t for t in mine if t <= kill["time"]]
-        after = [t for t in mine if t > kill["time"]]
+        after = [t for t in mine if t > kill["time"]][:window]
         if before and after:
-            lost.append(after[0] - before[-1] - step_interval_s(before))
+            lost.append(after[-1] - before[-1] - len(after) * step_interval_s(before))
     return lost
 
 
