@@ -24,6 +24,7 @@ chapter                         where its machinery lives
 14 a GPT on every layout        ``gpt`` (``python -m ddpguide.gpt``)
 15 from a laptop to a cluster   ``cluster`` (``python -m ddpguide.cluster``)
 16 choosing a layout            ``plan`` (``python -m ddpguide.plan``)
+17 failures at scale            ``failures``
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -111,6 +112,9 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "launch.programs", "plan.catalog", "plan.checks", "plan.measure", "plan.published", "plan.search",
         "plan.viz",
     ), ("bench", "plan")),
+    "17_failures": ("17", (
+        "failures.cadence", "failures.checks", "failures.runs", "launch.programs",
+    ), ("bench",)),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

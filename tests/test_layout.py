@@ -36,8 +36,9 @@ ALLOWED = {
     "gpt": {"core", "launch"},
     "cluster": {"core", "launch"},
     "plan": {"core", "launch", "gpt"},
+    "failures": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan"},
+              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures"},
 }
 
 

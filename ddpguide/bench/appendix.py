@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 
+from ddpguide.bench.failures import ANCHORS as FAILURES_ANCHORS
 from ddpguide.bench.plan_anchors import PLAN_ANCHORS
 
 
@@ -141,8 +142,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "mfu_one_process": Anchor("model FLOPs (6 x parameters x tokens + attention) per second / the "
                                   "matmul peak measured in the same run, 1 process, float32", "", ">= 0.5"),
         "bytes_counted_over_predicted": Anchor("bytes put into every collective, counted in a step / "
-                                               "the formulas of cost.py, every kind and layout",
-                                               "", "= 1.000"),
+                                               "the formulas of cost.py, every kind and layout", "", "= 1.000"),
         **{f"step_time_predicted_over_measured_{key}": Anchor(
             f"step time predicted (the step at --dim 16 + the growth of FLOPs and bytes) / measured, {name}",
             "", "0.8-1.25")
@@ -159,6 +159,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
 ANCHORS["cluster"] = {n: Anchor(*t) for n, t in import_module("ddpguide.bench.cluster").ANCHORS.items()}
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
 ANCHORS["plan"] = {k: Anchor(*v) for k, v in PLAN_ANCHORS.items()}
+ANCHORS["failures"] = {name: Anchor(*row) for name, row in FAILURES_ANCHORS.items()}
 
 
 def machine_summary() -> str:

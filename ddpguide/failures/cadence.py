@@ -1,0 +1,105 @@
+"""How often to checkpoint: the cost C measured, failures modelled, goodput over intervals.
+
+Measured: C, the seconds a save costs, with ``torch.distributed.checkpoint.save`` (the loop
+waits for all of it) and with ``dcp.async_save`` (the loop waits only for the copy into
+memory, its stall; the write goes on in the background, its total). Modelled, on a simulated
+clock: a training loop of ``step_s`` seconds per step, a checkpoint every ``interval`` steps
+that stalls it ``C`` seconds, failures arriving as a Poisson process of mean ``M`` seconds,
+and, after each failure, ``R`` seconds of restart and the steps since the last checkpoint done
+again. Young and Daly's first-order optimum for that loop is ``sqrt(2 C M)`` seconds between
+checkpoints; the expected work lost per failure is ``tau / 2 + R``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+
+def checkpoint_cost(megabytes: int = 32, repeats: int = 3) -> dict[str, float]:
+    """Median seconds of a synchronous DCP save, and of an async save's stall and total."""
+    import torch.distributed.checkpoint as dcp
+
+    numel = megabytes * 2**20 // 8
+    state = {"model": {f"w{i}": torch.randn(numel // 4, dtype=torch.float64) for i in range(4)}}
+    sync, stall, total = [], [], []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="ddpguide-dcp-") as folder:
+            t0 = time.perf_counter()
+            dcp.save(state, checkpoint_id=f"{folder}/sync")
+            sync.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            future: Any = dcp.async_save(state, checkpoint_id=f"{folder}/async")
+            stall.append(time.perf_counter() - t0)
+            future.result()
+            total.append(time.perf_counter() - t0)
+    return {"megabytes": megabytes, "sync_s": statistics.median(sync),
+            "async_stall_s": statistics.median(stall), "async_total_s": statistics.median(total)}
+
+
+def simulate(step_s: float, cost_s: float, mtbf_s: float, restart_s: float, interval: int,
+             useful_steps: int, seed: int) -> dict[str, float]:
+    """The loop above on a simulated clock until ``useful_steps`` steps are kept.
+
+    Returns the goodput (kept steps' seconds over all seconds), the failures, and the mean
+    seconds lost per failure (steps redone since the last checkpoint, and the restart)."""
+    rng = random.Random(seed)
+    clock, kept, since_checkpoint = 0.0, 0, 0
+    next_failure = rng.expovariate(1 / mtbf_s)
+    failures, lost = 0, 0.0
+    while kept < useful_steps:
+        done_at = clock + step_s + (cost_s if since_checkpoint + 1 == interval else 0.0)
+        if next_failure < done_at:                       # fails inside this step or its save
+            failures += 1
+            lost += (next_failure - clock) + since_checkpoint * step_s + restart_s
+            kept -= since_checkpoint
+            since_checkpoint = 0
+            clock = next_failure + restart_s
+            next_failure = clock + rng.expovariate(1 / mtbf_s)
+            continue
+        clock = done_at
+        kept += 1
+        since_checkpoint = 0 if since_checkpoint + 1 == interval else since_checkpoint + 1
+    return {"goodput": useful_steps * step_s / clock, "failures": failures,
+            "lost_per_failure_s": lost / failures if failures else 0.0}
+
+
+def young_daly_s(cost_s: float, mtbf_s: float) -> float:
+    """sqrt(2 C M): seconds of work between checkpoints."""
+    return math.sqrt(2 * cost_s * mtbf_s)
+
+
+def sweep(step_s: float, cost_s: float, mtbf_s: float, restart_s: float,
+          intervals: list[int] | None = None, useful_steps: int = 200_000,
+          seeds: int = 4) -> dict:
+    """Goodput for each checkpoint interval (steps), averaged over ``seeds`` runs; the best
+    interval against Young-Daly's, and the lost work per failure against tau/2 + R."""
+    predicted = young_daly_s(cost_s, mtbf_s)
+    if intervals is None:
+        centre = predicted / step_s
+        intervals = sorted({max(1, round(centre * 2 ** (k / 4))) for k in range(-12, 13)})
+    rows = []
+    for interval in intervals:
+        runs = [simulate(step_s, cost_s, mtbf_s, restart_s, interval, useful_steps, s)
+                for s in range(seeds)]
+        tau = interval * step_s + cost_s
+        rows.append({"interval_steps": interval, "tau_s": tau,
+                     "goodput": statistics.mean(r["goodput"] for r in runs),
+                     "lost_per_failure_s": statistics.mean(r["lost_per_failure_s"] for r in runs),
+                     "lost_predicted_s": tau / 2 + restart_s})
+    best = max(rows, key=lambda r: r["goodput"])
+    return {"rows": rows, "best": best, "predicted_s": predicted,
+            "best_over_predicted": best["interval_steps"] * step_s / predicted}
+
+
+def per_step_goodput(step_s: float, mtbf_s: float, lost_per_failure_s: float) -> float:
+    """With per-step fault tolerance nothing is redone from a checkpoint: a failure costs the
+    survivors ``lost_per_failure_s`` (one step and the new quorum, measured) and no save stalls
+    the loop: goodput = 1 - lost / M, to first order."""
+    return max(0.0, 1.0 - lost_per_failure_s / mtbf_s)

@@ -1,0 +1,116 @@
+"""Runs of the chapter's programs with failures injected, and the time each failure costs.
+
+``run_ft`` runs ``ft_train.py`` as a reader types it and returns its report. ``ft_lost_s``
+reads, from a report, what each kill cost the survivors. ``torchrun_lost_s`` runs chapter
+4's ``elastic_train.py`` under torchrun, kills one worker, and measures the same thing:
+torchrun stops the other worker, starts both again, and they reload the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ddpguide.core.processes import descendants, signal_all
+from ddpguide.launch import programs
+from ddpguide.launch.ranks import Command, Ranks
+
+PROGRAM = "ft_train.py"
+
+
+def run_ft(*args: str, timeout: float = 240.0, echo: bool = False) -> dict:
+    """``python ft_train.py ARGS --report report.json``; the report (the run must succeed)."""
+    done = programs.run(PROGRAM, *args, "--report", "report.json", "--deadline",
+                        str(int(timeout) - 10), timeout=timeout, echo=echo, launch="typed")
+    report = json.loads((done.workdir / "report.json").read_text())
+    report["output"] = done.output
+    report["seconds"] = done.seconds
+    return report
+
+
+def step_interval_s(times: list[float]) -> float:
+    """The median time between consecutive steps (what one step costs without a failure)."""
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def ft_lost_s(report: dict, window: int = 3) -> list[float]:
+    """For each kill inside a step or an all-reduce: how long the survivors' steps stalled,
+    the gaps between their commits from the last one before the kill to the ``window``-th
+    after it, less ``window`` ordinary steps (the median gap between commits before the kill)."""
+    lost = []
+    for kill in report["killed"]:
+        if kill["where"] == "heal":
+            continue
+        mine = sorted(r["time"] for r in report["step"]
+                      if r["committed"] and r["group"] != kill["group"])
+        before = [t for t in mine if t <= kill["time"]]
+        after = [t for t in mine if t > kill["time"]][:window]
+        if before and after:
+            lost.append(after[-1] - before[-1] - len(after) * step_interval_s(before))
+    return lost
+
+
+def _workers(agent: int) -> list[int]:
+    """The processes below torchrun's agent that run the program (its workers)."""
+    found = []
+    for pid in descendants(agent):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"elastic_train.py") for part in command):
+            found.append(pid)
+    return found
+
+
+def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
+                    timeout: float = 180.0) -> dict:
+    """torchrun --standalone --nproc-per-node=2 --max-restarts=1 elastic_train.py; SIGKILL of
+    worker 1 after ``kill_after_epochs`` epochs; the gap between the last epoch before the kill
+    and the first epoch of the restarted group, less one ordinary epoch (as ``ft_lost_s``). The
+    epoch log is polled every 20 ms (its lines' arrival times are the measurement)."""
+    with tempfile.TemporaryDirectory(prefix="ddpguide-torchrun-") as tmp:
+        folder = Path(tmp)
+        source = programs.copy_program("elastic_train.py", folder)
+        log = folder / "epochs.jsonl"
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node=2", "--max-restarts=3", "--monitor-interval=0.5",
+                str(source), "--epochs", "1000", "--epoch-seconds", str(epoch_seconds),
+                "--checkpoint", str(folder / "checkpoint.pt"), "--epoch-log", str(log)]
+        arrivals: list[tuple[float, dict]] = []
+
+        def poll() -> None:
+            if log.exists():
+                lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+                arrivals.extend((time.time(), json.loads(ln)) for ln in lines[len(arrivals):])
+
+        with Ranks() as group:
+            agent = group.start(Command(argv, cwd=str(folder),
+                                        env={"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}))
+
+            def seen(predicate) -> bool:
+                poll()
+                return any(predicate(e) for _, e in arrivals)
+
+            if group.wait(timeout, until=lambda: seen(lambda e: e["epoch"] >= kill_after_epochs)) \
+                    != "until":
+                raise RuntimeError(f"torchrun: no epoch {kill_after_epochs} within {timeout} s:\n"
+                                   f"{group.ended().output[-2000:]}")
+            workers = _workers(group.pid(agent))
+            before = [t for t, _ in arrivals]
+            killed = time.time()
+            signal_all(workers[-1:], 9)
+            if group.wait(timeout, until=lambda: seen(lambda e: e["restart_count"] >= 1)) \
+                    != "until":
+                raise RuntimeError(f"torchrun: no epoch after the kill within {timeout} s:\n"
+                                   f"{group.ended().output[-2000:]}")
+            group.stop(grace=2.0)
+        first = next(t for t, e in arrivals if e["restart_count"] >= 1)
+        interval = step_interval_s(before)
+        return {"lost_s": first - before[-1] - interval, "epoch_s": interval,
+                "kill_to_first_epoch_s": first - killed}
