@@ -100,9 +100,9 @@ class Provenance(TorchFunctionMode):
             return PLACED
         return next((tag for tag in tags if tag is not None), None)
 
-    def made_here(self, depth: int = 2) -> str | None:
+    def made_here(self) -> str | None:
         """``file:line`` of the call when the nearest caller outside torch is the program's."""
-        frame = sys._getframe(depth)
+        frame = sys._getframe(2)
         while frame is not None:
             path = frame.f_code.co_filename
             if not (path.startswith(_TORCH) or path == __file__):
@@ -138,7 +138,8 @@ def _guard(mode: Provenance, modules: tuple[Any, ...], names: tuple[str, ...], p
         @functools.wraps(original)
         def guarded(*args: Any, __original: Any = original, __name: str = prefix + name,
                     **kwargs: Any) -> Any:
-            if mode.made_here(depth=1) is not None:  # called by the program, not inside torch
+            caller = os.path.realpath(sys._getframe(1).f_code.co_filename)
+            if caller.startswith(mode.folder):  # called by the program's code, not inside torch
                 mode.check(__name, args, kwargs)
             return __original(*args, **kwargs)
 
