@@ -104,14 +104,19 @@ def command(layout, gpus_per_node: int, model_options: tuple[str, ...] = ()) -> 
     a node (a single node: ``--standalone``)."""
     options = [f"--{a.replace('_', '-')} {getattr(layout, a)}" for a in AXES if getattr(layout, a) > 1]
     if layout.pp > 1:
-        options += [f"--microbatches {layout.microbatches}", f"--schedule {layout.schedule}"]
+        schedule = "1F1B" if layout.schedule == "Interleaved1F1B" else layout.schedule
+        options += [f"--microbatches {layout.microbatches}", f"--schedule {schedule}"]
     if layout.ac == "full":
         options.append("--checkpoint-activations")
     tail = " ".join([*options, *model_options])
     world = layout.world
+    notes = []
+    if layout.ac == "selective" or layout.schedule == "Interleaved1F1B":
+        notes = ["# train.py has neither selective checkpointing nor the interleaved schedule: "
+                 "this line runs the nearest it has"]
     if world <= gpus_per_node:
-        return [f"torchrun --standalone --nproc-per-node {world} train.py {tail}".rstrip()]
+        return [f"torchrun --standalone --nproc-per-node {world} train.py {tail}".rstrip(), *notes]
     nodes = math.ceil(world / gpus_per_node)
     return [f"torchrun --nnodes {nodes} --node-rank {r} --nproc-per-node {gpus_per_node} "
             f"--rdzv-backend c10d --rdzv-endpoint NODE0:29500 train.py {tail}".rstrip()
-            for r in range(nodes)]
+            for r in range(nodes)] + notes

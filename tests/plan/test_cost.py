@@ -67,6 +67,8 @@ def test_command_is_torchrun_per_node(p):
     assert len(lines) == 2
     assert lines[1].startswith("torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8")
     assert lines[0].endswith("train.py --pp 2 --dp-shard 4 --tp 2 --microbatches 4 --schedule 1F1B")
+    selective = search.command(p.Layout(dp_shard=8, ac="selective"), 8)
+    assert selective[0].endswith("train.py --dp-shard 8") and selective[1].startswith("# train.py has neither")
     assert measure.options(lay) == ("--pp", "2", "--dp-shard", "4", "--tp", "2", "--microbatches", "4",
                                     "--schedule", "1F1B")
 
