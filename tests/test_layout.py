@@ -52,6 +52,8 @@ PROGRAMS_USED = {
     "context": {"ring_attention.py"},
     "experts": {"moe_expert_parallel.py"},
     "gpt": {"gpt/train.py"},
+    "plan": {"plan_cost.py"},
+    "failures": {"ft_train.py", "elastic_train.py"},
     "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
 }
 #: the functions of ``ddpguide.launch.programs`` that take a program's name first

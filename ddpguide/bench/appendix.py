@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 
-from ddpguide.bench.failures import ANCHORS as FAILURES_ANCHORS
-from ddpguide.bench.plan_anchors import PLAN_ANCHORS
 
 
 @dataclass(frozen=True)
@@ -156,10 +154,9 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "compile_step_over_eager": Anchor("step time, --compile (every block) / eager, 1 process", "", ""),
     },
 }
-ANCHORS["cluster"] = {n: Anchor(*t) for n, t in import_module("ddpguide.bench.cluster").ANCHORS.items()}
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
-ANCHORS["plan"] = {k: Anchor(*v) for k, v in PLAN_ANCHORS.items()}
-ANCHORS["failures"] = {name: Anchor(*row) for name, row in FAILURES_ANCHORS.items()}
+for _suite, _module in (("cluster", "cluster"), ("plan", "plan_anchors"), ("failures", "failures")):
+    ANCHORS[_suite] = {n: Anchor(*t) for n, t in import_module(f"ddpguide.bench.{_module}").ANCHORS.items()}
 
 
 def machine_summary() -> str:

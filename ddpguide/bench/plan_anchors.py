@@ -1,7 +1,7 @@
 """The anchors of the ``plan`` suite's fixed ratios (``appendix.ANCHORS["plan"]``): meaning,
 reference, goal. The per-layout ratios are named by their layout and explained by the chapter."""
 
-PLAN_ANCHORS: dict[str, tuple[str, str, str]] = {
+ANCHORS: dict[str, tuple[str, str, str]] = {
     "rank_correlation": ("Spearman's rank correlation, predicted against measured step, every layout "
                          "train.py runs of the GPT on 4 ranks (loopback)", "", ">= 0.8"),
     "rank_correlation_dtensor_constants": ("the same with DTensor's built-in link constants "
