@@ -10,7 +10,6 @@ from importlib import import_module
 from pathlib import Path
 
 
-
 @dataclass(frozen=True)
 class Anchor:
     """What a ratio is compared with: a source's figure or the book's goal on a CPU."""
