@@ -31,6 +31,9 @@ RANKS = {
     "12_mixture_of_experts": 4,
     "13_pipeline_schedules": 4,
     "14_gpt_capstone": 4,
+    "15_cluster": 4,  # 2 nodes x 2 ranks, in network namespaces (root)
+    "16_plan": 4,
+    "17_failures": 3,  # replica groups of one process each, and a spare
     "appendix_measurements": 1,
 }
 

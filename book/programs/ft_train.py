@@ -28,6 +28,10 @@ waits (a hot spare): the same replica id, a new process, nothing in memory.
 
 Run:
   python ft_train.py --groups 2 --steps 12 --kill-group 1 --at 5 --report ft.json
+
+Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, DistributedDataParallel, Optimizer and
+DiLoCo, and its own tests manager_integ_test.py and local_sgd_integ_test.py); no seed article
+covers it.
 """
 
 import argparse

@@ -8,6 +8,10 @@ Inputs are of three kinds and nothing else: the model's shapes, the layout, and 
 (data-sheet figures, or microbenchmarks: matmul rate per shape, alpha and beta of each link
 level from a collective sweep, the time of one small operation). No input comes from a run
 of the layout predicted. torch and the standard library only.
+
+Source: the Ultra-Scale Playbook's memory and time accounting ("Finding the best training
+configuration"), checked against the capstone GPT (gpt/train.py --cost) and torchtitan's
+published Llama 3.1 runs; no seed article covers it.
 """
 
 import argparse

@@ -41,8 +41,6 @@ class DistEnvError(ValueError):
     """A distributed environment variable is missing or malformed."""
 
 
-
-
 @dataclass(frozen=True)
 class Runtime:
     """Which backend the process group uses and where tensors live."""
@@ -110,12 +108,8 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def select_runtime(
-    local_world_size: int = 1,
-    backend: str | None = None,
-    device_type: str | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Runtime:
+def select_runtime(local_world_size: int = 1, backend: str | None = None, device_type: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> Runtime:
     """Choose backend and device for ``local_world_size`` workers on this machine.
 
     nccl with one GPU per rank when every rank has its own
