@@ -152,7 +152,8 @@ class Ranks:
         """Start one rank now; returns its index in the group."""
         log = Path(rank.log) if rank.log else self.output_path
         errors = Path(rank.errors) if rank.errors else (log if rank.log else self.errors_path)
-        self.tail.add(log)
+        for path in (log, errors):  # the same file twice is added once
+            self.tail.add(path)
         if isinstance(rank, Command):
             env = {**(os.environ if rank.base_env is None else rank.base_env), **rank.env,
                    LAUNCH_ID_VARIABLE: self.launch_id}

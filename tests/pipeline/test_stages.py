@@ -61,8 +61,8 @@ def full_batch(data):
 
 def run_pipeline(kind, x, y, split_size, world_size=2, **kwargs):
     # gloo on the CPU, like the reference: one thread, the same kernels.
-    results = spawn(schedules.pipeline_worker, world_size, kind, x, y, split_size, backend="gloo",
-                    threads_per_rank=1, timeout=90, collective_timeout=30, echo=False, **kwargs)
+    results = spawn(schedules.pipeline_worker, world_size, kind, x, y, split_size, kwargs=kwargs,
+                    backend="gloo", threads_per_rank=1, timeout=90, collective_timeout=30, echo=False)
     grads = {}
     for r in results:
         assert not grads.keys() & r["grads"].keys(), "a parameter got gradients on two ranks"

@@ -48,8 +48,9 @@ def test_the_two_programs_differ_only_in_how_they_start():
     changed = [line for line in difflib.unified_diff(spawn, torchrun, lineterm="")
                if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     # starting (env:// instead of mp.spawn, the rank's device from LOCAL_RANK and
-    # CUDA_VISIBLE_DEVICES) and failing (@record, --crash-rank) differ: 71 lines today
-    assert len(changed) <= 75, "\n".join(changed)
+    # CUDA_VISIBLE_DEVICES, with the refusal of a GPU that torchrun's workers would share) and
+    # failing (@record, --crash-rank) differ: 83 lines today
+    assert len(changed) <= 85, "\n".join(changed)
     assert not any("loss.backward()" in line or "sampler.set_epoch" in line for line in changed)
     assert "+@record  # an exception escaping main() is written, with its traceback, to the error file" in changed
     assert any("init_method=\"env://\"" in line for line in changed if line.startswith("+"))
