@@ -163,7 +163,9 @@ def add_doctor(report: Report, result: dict) -> None:
 
 def add_link_loss(report: Report, result: dict) -> None:
     down = next(e["t"] for e in result["timeline"] if e["event"] == "link down")
-    after = [e for e in result["timeline"] if e["event"] == "epoch" and e["t"] > down]
+    epochs = [e for e in result["timeline"] if e["event"] == "epoch"]
+    # an epoch whose all-reduces were done may still be logged after the link went down
+    after = [e for e in epochs if e["world_size"] != epochs[0]["world_size"]]
     sizes = [(r["world_size"], r["restart_count"]) for r in result["records"]]
     lost_at = next((i for i, size in enumerate(sizes) if size != sizes[0]), len(sizes))
     report.add("elastic_link_loss_first_epoch_after", after[0]["t"] - down if after else float("nan"),

@@ -8,12 +8,13 @@ DDP puts the gradients into buckets of --bucket-mb megabytes (in reverse order o
 parameters, roughly the order backward produces them) and starts a bucket's all-reduce
 as soon as its last gradient is ready, while backward goes on with earlier layers.
 Timed, each the median of --steps samples (a sample is the slowest rank's time): the
-forward alone; then, in turns, a step under no_sync() (no all-reduce at all: forward +
-backward compute), a DDP step, and DDP's buckets all-reduced alone (the same tensors,
-launched the same way, with no backward around them). Whatever of the all-reduce
-backward could not hide is step - compute ("exposed communication"): the median of that
-difference over the rounds, each round taken back to back so that its steps see the same
-load on the machine.
+forward alone; then, in rounds, a DDP step, a step under no_sync() (no all-reduce at all:
+forward + backward compute), and DDP's buckets all-reduced alone (the same tensors,
+launched the same way, with no backward around them). Whatever of the all-reduce backward
+could not hide is step - compute ("exposed communication"): the median of that difference
+over the rounds, the two steps of a round taken back to back so that both see the same
+load on the machine. In this order every timed all-reduce starts on a link that has been
+quiet for a step's compute, as DDP's does after backward.
 
 --layer-ms makes each layer's backward take that many milliseconds more, waiting
 rather than computing, as a GPU kernel of that length would leave the CPU free: on
@@ -133,10 +134,10 @@ def measure(args, bucket_mb, device, x):
     result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms,
               "buckets": [b.numel() * b.element_size() for b in buckets],
               "forward_seconds": median_seconds(forward_only, args.steps)}
-    rounds = [(timed(compute_only), timed(ddp_step), timed(buckets_alone)) for _ in range(args.steps)]
-    for index, name in enumerate(("compute", "step", "comm")):
+    rounds = [(timed(ddp_step), timed(compute_only), timed(buckets_alone)) for _ in range(args.steps)]
+    for index, name in enumerate(("step", "compute", "comm")):
         result[f"{name}_seconds"] = statistics.median(r[index] for r in rounds)
-    result["exposed_seconds"] = max(0.0, statistics.median(step - compute for compute, step, _ in rounds))
+    result["exposed_seconds"] = max(0.0, statistics.median(step - compute for step, compute, _ in rounds))
     return result
 
 
