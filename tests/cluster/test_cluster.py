@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,7 @@ def test_without_root_or_tools_one_line_says_what_is_missing(monkeypatch, capsys
 
 @needs_root
 def test_normal_exit_and_error_leave_nothing():
+    host_name = socket.gethostname()
     with up(Spec(nodes=3, link="200mbit", slow_node=2, slow_link="50mbit")) as cluster:
         run_id = cluster.run_id
         assert len(namespaces_of(run_id)) == 4 and netns.record_path(run_id).exists()
@@ -90,6 +92,7 @@ def test_normal_exit_and_error_leave_nothing():
         # each node its own host name, and every node's name resolves inside the cluster
         assert [n.stdout.split() for n in names] == [
             [f"node{k}", "198.18.0.3", f"node{k}"] for k in range(3)]
+        assert socket.gethostname() == host_name  # the machine's own name is untouched
         assert sorted(p.name for p in netns.package_configs()[run_id]) == [
             n.netns for n in cluster.nodes]
     assert namespaces_of(run_id) == [] and not netns.record_path(run_id).exists()
