@@ -107,7 +107,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "15_cluster": ("15", (
         "cluster.cluster", "cluster.experiments", "cluster.launch", "cluster.model", "cluster.netns",
         "cluster.spec",
-    ), ("bench", "cluster")),
+    ), ("bench", "cluster", "doctor")),
     "16_plan": ("16", (
         "launch.programs", "plan.catalog", "plan.checks", "plan.measure", "plan.published", "plan.search",
         "plan.viz",

@@ -34,7 +34,7 @@ ALLOWED = {
     "context": {"core", "launch"},
     "experts": {"core", "launch"},
     "gpt": {"core", "launch"},
-    "cluster": {"core", "launch"},
+    "cluster": {"core", "launch", "elastic"},
     "plan": {"core", "launch", "gpt"},
     "failures": {"core", "launch"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",

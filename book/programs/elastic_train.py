@@ -22,6 +22,9 @@ Elastic: start this in two terminals, the second while the first trains:
 that is never published, and the scale-up hangs. The rdzv-conf values and the monitor
 interval bring the first start and the recovery from a lost node down from tens of
 seconds to a few.)
+--timeout bounds every collective after the group has formed: a node that vanishes
+without closing its connections (a link down, a machine frozen) is noticed only when
+it runs out, so it sets how long the others wait before they restart without it.
 
 Fixed from the source (the Zhihu article "elastic training, minimal implementation"):
 - it resumed at the saved epoch, training that epoch twice -> saved epoch + 1;
@@ -31,7 +34,8 @@ Fixed from the source (the Zhihu article "elastic training, minimal implementati
   happen together or not at all;
 - torch.load without map_location or weights_only -> both;
 - new random data every step (nothing to learn) -> one fixed set, sharded by rank;
-- "nccl" and .cuda(local_rank) hard-coded, no timeout -> chosen by availability, 60 s.
+- "nccl" and .cuda(local_rank) hard-coded, no timeout -> chosen by availability, 60 s
+  to form the group, then --timeout (60 s by default) for every collective.
 """
 
 import argparse
@@ -104,13 +108,14 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def setup() -> torch.device:
+def setup(timeout: float) -> torch.device:
     """Join the group torchrun describes in the environment; return this worker's device."""
     device = rank_device()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method="env://", timeout=TIMEOUT)
+    dist.set_timeout(timedelta(seconds=timeout))  # every collective from here on
     return device
 
 
@@ -141,7 +146,7 @@ def commit(args, epoch: int, model: nn.Module, optimizer, log_entry: dict):
 def train(args):
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    device = setup()
+    device = setup(args.timeout)
     torch.manual_seed(args.seed)
     model = ToyModel().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -192,8 +197,10 @@ def parse_args():
     parser.add_argument("--checkpoint", default="checkpoint.pt", help="shared by all restarts")
     parser.add_argument("--epoch-log", help="append one JSON line per finished epoch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds a collective waits for the other ranks (default 60)")
     args = parser.parse_args()
-    for name in ("epochs", "batch_size", "lr"):
+    for name in ("epochs", "batch_size", "lr", "timeout"):
         if not 0 < getattr(args, name) < math.inf:  # also refuses nan
             parser.error(f"argument --{name.replace('_', '-')}: expected a value > 0, "
                          f"got {getattr(args, name)}")

@@ -13,7 +13,11 @@ limits (:mod:`ddpguide.cluster`), the chapter's programs started on both by
 * ``book/programs/cluster/ddp_overlap.py`` on 2 nodes x 1 rank, node 1's link at
   ``SLOW_LINK``: DDP with small buckets and with one bucket;
 * ``book/programs/cluster/dead_link.py``: node 1's link taken down under a loop of
-  all-reduces; how long gloo waits before it raises.
+  all-reduces; how long gloo waits before it raises;
+* on 3 nodes x 1 rank, node 1's link at ``DOCTOR_SLOW_LINK``: ``python -m
+  ddpguide.doctor`` under torchrun across the nodes, which must name node 1's link; then
+  chapter 4's ``elastic_train.py`` under torchrun's c10d rendezvous (at node 0, whose
+  agent hosts the store), node 2's link taken down mid-run: nodes 0 and 1 go on.
 
 Bytes are the TCP payload counted by the interfaces themselves
 (``tx_bytes - 66 tx_packets``), less the control messages of the barriers around
@@ -29,12 +33,12 @@ import statistics
 from ddpguide.bench.report import Report
 from ddpguide.cluster import Spec, up
 from ddpguide.cluster import model as formulas
-from ddpguide.cluster.experiments import collectives, ddp_overlap, sharding
-from ddpguide.cluster.faults import dead_link
+from ddpguide.cluster.experiments import collectives, ddp_overlap, doctor, sharding
+from ddpguide.cluster.faults import dead_link, lose_node_by_link
 from ddpguide.cluster.spec import parse_rate
 
-LINK, SLOW_LINK = "50mbit", "20mbit"
-DEAD_LINK_TIMEOUT = 10.0
+LINK, SLOW_LINK, DOCTOR_SLOW_LINK = "50mbit", "20mbit", "50mbit"
+DEAD_LINK_TIMEOUT = LINK_LOSS_TIMEOUT = 10.0
 #: ratio -> (meaning, reference, goal): the appendix's anchors of this suite.
 ANCHORS: dict[str, tuple[str, str, str]] = {
     "link_bandwidth_measured_over_configured": (
@@ -55,7 +59,8 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
     "flat_time_measured_over_predicted": ("flat all-reduce time / alpha-beta prediction", "", ""),
     "hierarchical_sum_equals_flat": ("1 when both sums are bitwise equal", "", "1"),
     "exposed_comm_measured_over_predicted_small_buckets": (
-        "DDP step - no_sync step / bucket pipeline prediction, 16 buckets, slow link", "", "0.8-1.25"),
+        "median of (DDP step - no_sync step), taken in turns / bucket pipeline prediction from "
+        "the buckets all-reduced alone, 16 buckets, slow link", "", "0.8-1.25"),
     "exposed_comm_measured_over_predicted_one_bucket": (
         "the same, one bucket (nothing overlaps: exposed = the all-reduce alone)", "", "0.8-1.25"),
     "exposed_comm_measured_over_predicted": ("the case above farthest from 1", "", "0.8-1.25"),
@@ -63,6 +68,11 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
         "seconds from the last good all-reduce to gloo's error, node 1's link taken down / the "
         "process group's timeout", "gloo tcp/unbound_buffer.cc: 'Timed out waiting ...ms for recv'",
         "1.0"),
+    "doctor_names_the_slow_node": (
+        "1 when the doctor across 3 nodes names node 1's link, and only it", "", "1"),
+    "elastic_link_loss_every_epoch_once": (
+        "1 when nodes 0 and 1 finish after node 2's link went down, every epoch logged once, "
+        "at world size 3 before and 2 after", "", "1"),
 }
 
 
@@ -125,7 +135,8 @@ def add_overlap(report: Report, runs: list[dict]) -> None:
         predicted = formulas.exposed_prediction(run)
         report.add(f"exposed_{case}", run["exposed_seconds"], "s", predicted=predicted,
                    buckets=run["buckets"], compute=run["compute_seconds"],
-                   comm_alone=run["comm_seconds"], step=run["step_seconds"], sweep=run["sweep"])
+                   comm_alone=run["comm_seconds"], step=run["step_seconds"],
+                   forward=run["forward_seconds"])
         report.ratios[f"exposed_comm_measured_over_predicted_{case}"] = (
             run["exposed_seconds"] / predicted["bucketed"] if predicted["bucketed"] > 0 else float("nan"))
 
@@ -138,6 +149,34 @@ def add_dead_link(report: Report, result: dict) -> None:
                process_group_timeout=DEAD_LINK_TIMEOUT)
     report.ratios["dead_link_error_after_over_timeout"] = (
         max(waited) / DEAD_LINK_TIMEOUT if waited else float("nan"))
+
+
+def add_doctor(report: Report, result: dict) -> None:
+    problems = (result["report"] or {}).get("problems", [])
+    report.add("doctor_across_nodes", float(len(problems)), "problems", lines=result["lines"],
+               returncodes=result["returncodes"], command=result["command"],
+               hosts=((result["report"] or {}).get("links") or {}).get("hosts"))
+    report.ratios["doctor_names_the_slow_node"] = float(
+        [(p["host"], p["message"].startswith("slow link: host node1 ")) for p in problems]
+        == [("node1", True)])
+
+
+def add_link_loss(report: Report, result: dict) -> None:
+    down = next(e["t"] for e in result["timeline"] if e["event"] == "link down")
+    epochs = [e for e in result["timeline"] if e["event"] == "epoch"]
+    # an epoch whose all-reduces were done may still be logged after the link went down
+    after = [e for e in epochs if e["world_size"] != epochs[0]["world_size"]]
+    sizes = [(r["world_size"], r["restart_count"]) for r in result["records"]]
+    lost_at = next((i for i, size in enumerate(sizes) if size != sizes[0]), len(sizes))
+    report.add("elastic_link_loss_first_epoch_after", after[0]["t"] - down if after else float("nan"),
+               "s", timeline=result["timeline"], returncodes=result["returncodes"],
+               errors=result["errors"], command=result["command"],
+               process_group_timeout=result["pg_timeout"])
+    survivors = [c for k, c in enumerate(result["returncodes"]) if k != result["lost"]]
+    report.ratios["elastic_link_loss_every_epoch_once"] = float(
+        survivors == [0] * len(survivors)
+        and [r["epoch"] for r in result["records"]] == list(range(result["epochs"]))
+        and set(sizes[:lost_at]) == {(3, 0)} and set(sizes[lost_at:]) == {(2, 1)})
 
 
 def run(quick: bool = False) -> Report:
@@ -154,6 +193,10 @@ def run(quick: bool = False) -> Report:
                  slow_link=SLOW_LINK)) as cluster:
         add_overlap(report, ddp_overlap(cluster, steps=3 if quick else 5))
         add_dead_link(report, dead_link(cluster, pg_timeout=DEAD_LINK_TIMEOUT))
+    with up(Spec(nodes=3, ranks_per_node=1, link="1gbit", slow_node=1,
+                 slow_link=DOCTOR_SLOW_LINK)) as cluster:
+        add_doctor(report, doctor(cluster))
+        add_link_loss(report, lose_node_by_link(cluster, pg_timeout=LINK_LOSS_TIMEOUT))
     bytes_ratios = {k: v for k, v in report.ratios.items()
                     if k.startswith("inter_node_bytes_counted_over_formula_")}
     report.ratios["inter_node_bytes_counted_over_formula"] = worst(bytes_ratios)

@@ -5,9 +5,13 @@ the nodes for the block; ``python -m ddpguide.cluster up|run|down|list`` does
 the same from a shell (see :mod:`ddpguide.cluster.__main__`). Modules:
 
 * :mod:`~ddpguide.cluster.spec`: the shape, names and addresses, checked first;
-* :mod:`~ddpguide.cluster.netns`: ``ip``/``tc`` calls and the ownership records;
-* :mod:`~ddpguide.cluster.cluster`: the context manager and a running cluster;
-* :mod:`~ddpguide.cluster.processes`: the one place processes are started.
+* :mod:`~ddpguide.cluster.netns`: ``ip``/``tc`` calls, each node's hosts file, the
+  ownership records;
+* :mod:`~ddpguide.cluster.cluster`: the context manager and a running cluster (a command
+  on node k runs with host name ``nodek``);
+* :mod:`~ddpguide.cluster.processes`: the one place processes are started;
+* :mod:`~ddpguide.cluster.experiments` and :mod:`~ddpguide.cluster.faults`: the chapter's
+  programs, the doctor, and the faults (a dead link, an elastic run that loses a node).
 """
 
 from ddpguide.cluster.cluster import Cluster, up

@@ -114,9 +114,7 @@ def cmd_down(args: object) -> int:
                     "that removes it when its `with` block ends")
     with contextlib.suppress(ProcessLookupError):
         os.kill(int(record["driver_pid"]), signal.SIGTERM)  # type: ignore[call-overload]
-    deadline = time.monotonic() + 15
-    while netns.record_path(cluster.run_id).exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    netns.wait_for_exit([int(record["driver_pid"])], 15.0)  # type: ignore[call-overload]
     if netns.record_path(cluster.run_id).exists():
         netns.destroy(cluster.run_id)
     netns.remove_dead()

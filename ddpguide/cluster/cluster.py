@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -48,21 +49,26 @@ class Cluster:
         return env
 
     def prefix(self, node: Node) -> list[str]:
-        """The command prefix that runs a program inside ``node``'s namespace."""
-        return ["ip", "netns", "exec", node.netns]
+        """The command prefix that runs a program on ``node``: inside its network namespace
+        (its interface, addresses and hosts file), and in a UTS namespace of its own whose
+        host name is the node's name, as each machine of a cluster has its own."""
+        return [*netns_prefix(node), "unshare", "--uts", sys.executable, "-c", SET_HOSTNAME,
+                node.name]
 
     def run(self, work: dict[Node, list[str]] | list[tuple[Node, list[str]]], timeout: float,
-            **kwargs: object) -> list[Finished]:
-        """Run one command per (node, argv) side by side, each in its node (see ``run_all``)."""
+            extra_env: dict[str, str] | None = None, **kwargs: object) -> list[Finished]:
+        """Run one command per (node, argv) side by side, each on its node, with ``extra_env``
+        over the node's environment (see ``run_all`` for the rest)."""
         pairs = list(work.items()) if isinstance(work, dict) else list(work)
         return run_all([self.prefix(n) + argv for n, argv in pairs], timeout,
-                       env=[self.env(n) for n, _ in pairs], **kwargs)  # type: ignore[arg-type]
+                       env=[{**self.env(n), **(extra_env or {})} for n, _ in pairs],
+                       **kwargs)  # type: ignore[arg-type]
 
     def counters(self, node: Node) -> dict[str, int]:
         """``node``'s interface counters (tx/rx bytes and packets), read inside its namespace."""
         stats = f"/sys/class/net/{node.ifname}/statistics"
         keys = ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets")
-        done = netns.sh(*self.prefix(node), "cat", *(f"{stats}/{k}" for k in keys))
+        done = netns.sh(*netns_prefix(node), "cat", *(f"{stats}/{k}" for k in keys))
         return dict(zip(keys, (int(v) for v in done.stdout.split()), strict=True))
 
     def set_link(self, node: Node, up: bool) -> None:
@@ -79,6 +85,16 @@ class Cluster:
                  for r in rows]
         return "\n".join([f"cluster {self.run_id}: a star through switch namespace {self.switch} "
                           "(rates limited by tc tbf, both directions)", *lines])
+
+
+#: sets the host name (in the new UTS namespace only) and becomes the command
+SET_HOSTNAME = ("import os, socket, sys; socket.sethostname(sys.argv[1]); "
+                "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def netns_prefix(node: Node) -> list[str]:
+    """``ip netns exec NODE``: the node's network namespace only."""
+    return ["ip", "netns", "exec", node.netns]
 
 
 def from_record(record: dict[str, object]) -> Cluster:

@@ -1,8 +1,8 @@
 """The chapter's cluster programs run on a cluster, their results read back.
 
-Each function makes a cluster for the run (or uses the one given), starts the
-program with :func:`ddpguide.cluster.launch.torchrun_on` in a folder of its
-own, and returns rank 0's ``--out`` JSON.
+Each function starts the program on the cluster given with
+:func:`ddpguide.cluster.launch.torchrun_on`, in a folder of its own, and returns rank
+0's ``--out`` JSON; :func:`doctor` runs ``python -m ddpguide.doctor`` the same way.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from ddpguide.cluster.cluster import Cluster
-from ddpguide.cluster.launch import torchrun_on
+from ddpguide.cluster.launch import torchrun_argv, torchrun_on
 from ddpguide.core.commands import one_line
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -60,3 +60,24 @@ def ddp_overlap(cluster: Cluster, *, bucket_mb: tuple[float, ...] = (0.0625, 25.
                           str(layer_ms), "--steps", str(steps)], timeout)
     assert isinstance(result, list)
     return result
+
+
+def doctor(cluster: Cluster, *, sizes: str = "64K,256K", doctor_timeout: float = 30.0,
+           timeout: float = 300.0) -> dict:
+    """``python -m ddpguide.doctor`` under ``torchrun --nnodes N`` across the nodes.
+
+    Returns each node's exit status (the doctor exits 1 when it finds a problem), rank 0's
+    report as printed (node 0's output without torchrun's own lines) and as JSON.
+    """
+    with tempfile.TemporaryDirectory(prefix="ddpguide-cluster-doctor-") as folder:
+        out = Path(folder, "doctor.json")
+        program = ["-m", "ddpguide.doctor", "--sizes", sizes, "--timeout", f"{doctor_timeout:g}",
+                   "--json", str(out)]
+        ended = torchrun_on(cluster, program, timeout, cwd=folder, fail_fast=False)
+        report = json.loads(out.read_text()) if out.exists() else None
+    lines = ended[0].stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("ddpguide doctor:")), len(lines))
+    command = ["torchrun", *torchrun_argv(cluster, 0, program[:6])[3:]]
+    command[command.index("--node-rank") + 1] = "K"
+    return {"returncodes": [e.returncode for e in ended], "report": report,
+            "lines": lines[start:], "command": " ".join(command)}

@@ -28,8 +28,9 @@ def torchrun_argv(cluster: Cluster, node_index: int, program: list[str],
 
 def torchrun_on(cluster: Cluster, program: list[str], timeout: float, *,
                 cwd: str | Path | None = None, torchrun_options: tuple[str, ...] = (),
-                capture: bool = True) -> list[Finished]:
-    """Start ``program`` on every node at once; all end, or all are stopped, in ``timeout`` s."""
+                capture: bool = True, **kwargs: object) -> list[Finished]:
+    """Start ``program`` on every node at once; all end, or all are stopped, in ``timeout`` s
+    (``kwargs`` go to :meth:`Cluster.run`)."""
     work = [(node, torchrun_argv(cluster, node.index, program, torchrun_options))
             for node in cluster.nodes]
-    return cluster.run(work, timeout, cwd=cwd, capture=capture)
+    return cluster.run(work, timeout, cwd=cwd, capture=capture, **kwargs)  # type: ignore[arg-type]

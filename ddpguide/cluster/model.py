@@ -68,29 +68,21 @@ def hierarchical_time(n_bytes: float, nodes: int, local: int, alpha: float, beta
     return inside + across
 
 
-def two_rank_all_reduce_time(n_bytes: float, alpha: float, beta: float) -> float:
-    """Ring all-reduce on 2 ranks: 2 steps of N/2 each way over the link."""
-    return 2 * (alpha + n_bytes / 2 / beta)
-
-
 def exposed_prediction(run: dict) -> dict[str, float]:
-    """DDP's exposed communication on 2 ranks, predicted from the parts timed alone.
+    """DDP's exposed communication, predicted from the parts timed alone.
 
     Buckets become ready as backward reaches them (backward time shared out by bytes,
-    the layers being alike) and go over the link one after another, each a 2-rank
-    all-reduce at the alpha and beta of the run's own send sweep. Exposed is what ends
-    after backward. ``simple`` is max(0, T_comm - T_backward), T_comm for all the bytes
-    at once: many small buckets.
+    the layers being alike) and go over the link one after another, each taking its
+    share by bytes of ``comm_seconds``, the time of the same buckets all-reduced alone.
+    Exposed is what ends after backward. ``simple`` is max(0, T_comm - T_backward), the
+    limit of many small buckets.
     """
-    alpha, beta = fit_alpha_beta([(p["bytes"], p["seconds"]) for p in run["sweep"]])
-    forward, compute = run["forward_seconds"], run["compute_seconds"]
+    forward, compute, comm = run["forward_seconds"], run["compute_seconds"], run["comm_seconds"]
     backward = max(0.0, compute - forward)
-    total = float(run["grad_bytes"])
+    total = float(sum(run["buckets"]))
     end, done = 0.0, 0.0
     for size in run["buckets"]:
         done += size
-        ready = forward + backward * done / total
-        end = max(end, ready) + two_rank_all_reduce_time(size, max(alpha, 0.0), beta)
-    comm = two_rank_all_reduce_time(total, max(alpha, 0.0), beta)
+        end = max(end, forward + backward * done / total) + comm * size / total
     return {"bucketed": max(0.0, end - compute), "simple": max(0.0, comm - backward),
             "comm": comm}

@@ -10,6 +10,12 @@ record at all; a live driver's cluster is never touched.
 Every ``ip``/``tc`` call is bounded in time; nothing here names the host's own
 interfaces, routes or firewall: links are created inside the switch namespace
 and their other ends moved straight into the node namespaces.
+
+Each node also gets a hosts file of its own, ``/etc/netns/<namespace>/hosts``
+(iproute2's folder for a namespace's configuration: ``ip netns exec`` mounts it
+over ``/etc/hosts`` for the commands it runs, and nobody else reads it), naming
+every node of the cluster at its address, so that node names resolve inside
+the cluster as host names do on a real one. It is removed with its namespace.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -25,9 +32,11 @@ from pathlib import Path
 
 from ddpguide.cluster.spec import Node, Spec, bridge_name, names, port_name, rate_text, run_id_of
 from ddpguide.core.commands import write_atomically
-from ddpguide.core.processes import alive
+from ddpguide.core.processes import alive, signal_all
 
 RECORDS = Path("/run/ddpguide-cluster")
+#: iproute2's per-namespace configuration: ``ip netns exec NS`` mounts ``ETC_NETNS/NS/*`` over ``/etc``
+ETC_NETNS = Path("/etc/netns")
 COMMAND_TIMEOUT = 15.0
 QUEUE_LATENCY = "50ms"
 
@@ -45,6 +54,8 @@ def missing_prerequisite() -> str | None:
     if lacking:
         return (f"{' and '.join(lacking)} not found: install iproute2 "
                 "(apt-get install iproute2, or dnf install iproute)")
+    if shutil.which("unshare") is None:
+        return "unshare not found: install util-linux (apt-get install util-linux)"
     return None
 
 
@@ -108,6 +119,22 @@ def package_namespaces() -> dict[str, list[str]]:
     return out
 
 
+def package_configs() -> dict[str, list[Path]]:
+    """The package's folders in ``/etc/netns`` that exist now, by run id."""
+    out: dict[str, list[Path]] = {}
+    for path in sorted(ETC_NETNS.iterdir()) if ETC_NETNS.is_dir() else []:
+        run_id = run_id_of(path.name)
+        if run_id:
+            out.setdefault(run_id, []).append(path)
+    return out
+
+
+def hosts_file(nodes: list[Node]) -> str:
+    """A node's ``/etc/hosts``: loopback, and every node of the cluster by name."""
+    return "".join(["127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+                    *(f"{n.address}\t{n.name}\n" for n in nodes)])
+
+
 def create(run_id: str, spec: Spec) -> tuple[str, list[Node]]:
     """Make the switch, the nodes, their links and rate limits (the record is written first)."""
     switch, nodes = names(run_id, spec)
@@ -119,6 +146,8 @@ def create(run_id: str, spec: Spec) -> tuple[str, list[Node]]:
     for node in nodes:
         port = port_name(run_id, node.index)
         sh("ip", "netns", "add", node.netns)
+        (ETC_NETNS / node.netns).mkdir(parents=True, exist_ok=True)
+        write_atomically(ETC_NETNS / node.netns / "hosts", hosts_file(nodes))
         sh("ip", "-n", node.netns, "link", "set", "lo", "up")
         sh("ip", "-n", switch, "link", "add", port, "type", "veth",
            "peer", "name", node.ifname, "netns", node.netns)
@@ -137,27 +166,48 @@ def burst_bytes(rate_bits: int) -> int:
     return max(64 * 1024, rate_bits // 8 // 1000)
 
 
+def wait_for_exit(pids: list[int], timeout: float) -> list[int]:
+    """Block until every process of ``pids`` has ended or ``timeout`` s have passed (one
+    ``select`` on their pidfds, no polling); the pids still running."""
+    handles = {}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            handles[os.pidfd_open(pid)] = pid
+    deadline = time.monotonic() + timeout
+    try:
+        while handles and (left := deadline - time.monotonic()) > 0:
+            ended, _, _ = select.select(list(handles), [], [], left)
+            for fd in ended:
+                os.close(fd)
+                del handles[fd]
+        return sorted(handles.values())
+    finally:
+        for fd in handles:
+            os.close(fd)
+
+
 def kill_inside(netns: str, grace: float = 2.0) -> None:
-    """Stop every process still running in ``netns`` (SIGTERM, then SIGKILL after ``grace``)."""
-    def pids() -> list[int]:
+    """Stop every process still running in ``netns``: SIGTERM, up to ``grace`` s for them to
+    end, then SIGKILL (twice: a process may have forked meanwhile)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
         out = sh("ip", "netns", "pids", netns, check=False).stdout.split()
-        return [int(p) for p in out if p.isdigit() and int(p) != os.getpid()]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        pids = [int(p) for p in out if p.isdigit() and int(p) != os.getpid()]
+        if not pids:
+            return
+        signal_all(pids, sig)
+        wait_for_exit(pids, grace)
 
 
 def destroy(run_id: str, netns_names: list[str] | None = None) -> None:
-    """Remove cluster ``run_id``: its processes, namespaces (their links go with them), record."""
+    """Remove cluster ``run_id``: its processes, namespaces (their links go with them), hosts
+    files, record."""
     present = package_namespaces().get(run_id, []) if netns_names is None else netns_names
     for netns in sorted(present, key=lambda n: n.endswith("-sw")):  # nodes first, switch last
         kill_inside(netns)
         sh("ip", "netns", "del", netns, check=False)
-    left = package_namespaces().get(run_id, [])
+    for folder in package_configs().get(run_id, []):
+        shutil.rmtree(folder, ignore_errors=True)
+    left = package_namespaces().get(run_id, []) + [p.name for p in package_configs().get(run_id, [])]
     if left:
         raise RuntimeError(f"namespaces of cluster {run_id} could not be removed: {', '.join(left)}")
     with contextlib.suppress(FileNotFoundError):
@@ -168,10 +218,10 @@ def remove_dead() -> list[str]:
     """Remove every cluster whose driver is dead (or that has no record); the run ids removed."""
     # Namespaces first, records second: a namespace seen here was made after its record
     # was written, so a live cluster being made now is never taken for an orphan.
-    present = package_namespaces()
+    present, configs = package_namespaces(), package_configs()
     records = read_records()
     removed = []
-    for run_id in sorted(set(records) | set(present)):
+    for run_id in sorted(set(records) | set(present) | set(configs)):
         record = records.get(run_id)
         if record is not None and driver_alive(record):
             continue

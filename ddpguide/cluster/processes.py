@@ -31,11 +31,15 @@ class Finished:
 
 def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, str]] | None = None,
             cwd: str | Path | None = None, fail_fast: bool = True, capture: bool = True,
-            echo: Callable[[str], None] | None = None) -> list[Finished]:
+            echo: Callable[[str], None] | None = None,
+            until: Callable[[list[int | None]], bool] | None = None) -> list[Finished]:
     """Run ``commands`` side by side; every one is done, or stopped, within ``timeout`` s.
 
     With ``fail_fast``, the first non-zero exit stops the others. Output is
     captured per command (``capture``); without it, lines are echoed as they come.
+    ``until`` is called with the commands' exit statuses so far (None: running) on
+    every turn of the runner's loop; once it returns True the ones still running are
+    stopped (it may also act on the run, e.g. take a link down at the right moment).
     """
     with tempfile.TemporaryDirectory(prefix="ddpguide-cluster-") as folder, \
             Ranks(echo=None if capture else (echo or (lambda line: print(line, flush=True))),
@@ -46,7 +50,8 @@ def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, st
                                 log=logs[k][0] if capture else None,
                                 errors=logs[k][1] if capture else None))
         try:
-            group.wait(timeout, failure_grace=0.0 if fail_fast else timeout)
+            group.wait(timeout, failure_grace=0.0 if fail_fast else timeout,
+                       until=None if until is None else lambda: until(group.returncodes()))
         finally:
             codes = group.returncodes()
             group.stop(grace=3.0)

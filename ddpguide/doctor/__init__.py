@@ -13,7 +13,9 @@ the rendezvous endpoint (``MASTER_ADDR:MASTER_PORT``, bounded by ``--timeout``)
 and registers in the rendezvous store; rank 0 checks that they agree (unique
 ``RANK`` below ``WORLD_SIZE``, one ``MASTER_ADDR``/``MASTER_PORT``, ``LOCAL_RANK``
 below ``LOCAL_WORLD_SIZE``, one GPU per rank by the package's rule or "GPUs
-visible but this job would run on CPU", one torch and nccl version, ``/dev/shm``).
+visible but this job would run on CPU", one torch and nccl version, ``/dev/shm``;
+on each rank's GPU at least 90% of its memory free, no process of another job there
+by ``nvidia-smi``, and a float64 matmul equal to the CPU's: :mod:`ddpguide.doctor.gpu`).
 Then the ranks form a process group, check the collectives the book uses
 (:data:`ddpguide.doctor.collectives.CHECKS`, the 2-D sub-groups, then
 ``dist.monitored_barrier``) against their known results, time an all-reduce
@@ -33,7 +35,9 @@ within a bounded time, never a hang), 2 for invalid options.
 ``DDPGUIDE_DOCTOR_FAKE_GPUS=N`` makes the device check believe each machine
 has N GPUs (identities ``fake-gpu-0`` ...), so the GPU assignment can be
 tested on a CPU machine; collectives still run where
-:func:`ddpguide.runtime.select_runtime` puts them.
+:func:`ddpguide.runtime.select_runtime` puts them. ``DDPGUIDE_DOCTOR_FAKE_GPU_STATE``
+(``free=10G,total=80G,matmul_error=0.5``) says what those GPUs' memory and matmul
+would show. The GPU checks are tested this way only: none has run on a real GPU here.
 """
 
 #: Environment variable: pretend this many GPUs are visible (device check only).

@@ -10,6 +10,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
+from ddpguide.doctor.gpu import MATMUL_SIZE
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -126,6 +128,43 @@ def cpu_with_gpu_problems(records: Sequence[dict[str, Any]]) -> list[Problem]:
             if r["gpus_visible"] and r["gpu_id"] is None and not r.get("cpu_forced")]
 
 
+#: A GPU with less than this fraction of its memory free before the job starts is a problem
+#: (a CUDA context of its own takes a few hundred MiB).
+MIN_FREE_FRACTION = 0.9
+#: The float64 matmul's largest relative error against the CPU that a sound GPU stays under.
+MATMUL_TOLERANCE = 1e-9
+
+
+def gpu_health_problems(records: Sequence[dict[str, Any]]) -> list[Problem]:
+    """Per rank on a GPU (``doctor.gpu``): too little free memory, a process on the GPU that is
+    not a rank of this job on that host, a matmul that disagrees with the CPU's."""
+    problems = []
+    for record in records:
+        health, gpu = record.get("gpu_health"), record.get("gpu_id")
+        if not health:
+            continue
+        free, total = health["free_bytes"], health["total_bytes"]
+        if total and free < MIN_FREE_FRACTION * total:
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"GPU {gpu} has {free / 2**30:.1f} GiB free of {total / 2**30:.1f} "
+                                    f"GiB ({100 * free / total:.0f}%) before the job starts: another "
+                                    "process holds the rest"))
+        ranks_here = {r["pid"] for r in records if r["host"] == record["host"]}
+        for other in health.get("processes") or []:
+            if other["pid"] not in ranks_here:
+                used = f", {other['used_mib']} MiB" if other["used_mib"] is not None else ""
+                problems.append(Problem(record["rank"], record["host"],
+                                        f"GPU {gpu} is also used by pid {other['pid']} "
+                                        f"({other['name']}{used}), not a rank of this job"))
+        if not health["matmul_error"] <= MATMUL_TOLERANCE:  # also catches nan
+            problems.append(Problem(record["rank"], record["host"],
+                                    f"GPU {gpu} computed a {MATMUL_SIZE} x {MATMUL_SIZE} float64 matmul with a "
+                                    f"relative error of {health['matmul_error']:.1e} against the "
+                                    f"CPU (at most {MATMUL_TOLERANCE:.0e}): a faulty GPU, driver "
+                                    "or clock"))
+    return problems
+
+
 def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
     """torch, the nccl version (on nccl) and the backend choice must be the same on every rank."""
     problems = []
@@ -165,18 +204,33 @@ def nccl_variable_problems(records: Sequence[dict[str, Any]], reference: dict[st
 
 
 def slow_link_problems(links: dict[str, Any], backend: str) -> list[Problem]:
-    """The slowest ring link, when it is under half the median link, on nccl.
+    """What the per-link pass found too slow (the rules are :func:`summarize_links`').
 
-    On gloo over one machine's loopback the links share the CPU, and their
-    spread is the machine's load, not a cable: reported, never a problem.
+    A slow host's link is a problem on every backend. A single slow link is one on nccl
+    only: on gloo, links inside one host are loopback sharing the CPU, and the spread of
+    links between hosts is the hosts' load as much as their cables; a host's fastest
+    transfer, taken over all its links, is what stands out. On nccl, a link between hosts
+    that touches a slow host is not named again.
     """
-    if not links or not links["slow"] or backend != "nccl":
+    if not links:
         return []
-    slow = links["slowest"]
-    return [Problem(slow["dst"], slow["dst_host"],
-                    f"slow link: rank {slow['src']} ({slow['src_host']}) -> rank {slow['dst']} "
-                    f"({slow['dst_host']}) moves {slow['gbps']:.2f} GB/s, under half the median "
-                    f"link's {links['median_gbps']:.2f} GB/s")]
+    problems = [Problem(slow["rank"], slow["host"],
+                        f"slow link: host {slow['host']} moves at most {slow['gbps']:.3f} GB/s to or "
+                        f"from any other host (its fastest transfer), under half the median host's "
+                        f"{slow['median_gbps']:.3f} GB/s")
+                for slow in links.get("slow_hosts", [])]
+    if backend != "nccl":
+        return problems
+    named = {slow["host"] for slow in links.get("slow_hosts", [])}
+    for slow in links.get("slow_links", []):
+        if slow["between_hosts"] and {slow["src_host"], slow["dst_host"]} & named:
+            continue
+        kind = "link between hosts" if slow["between_hosts"] else "link inside a host"
+        problems.append(Problem(slow["dst"], slow["dst_host"],
+                                f"slow link: rank {slow['src']} ({slow['src_host']}) -> rank "
+                                f"{slow['dst']} ({slow['dst_host']}) moves {slow['gbps']:.2f} GB/s, "
+                                f"under half the {slow['median_gbps']:.2f} GB/s of the median {kind}"))
+    return problems
 
 
 def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float,
@@ -197,6 +251,7 @@ def verdict(records: Sequence[dict[str, Any]], world_size: int, timeout_s: float
     problems += node_problems(records, complete=not missing)
     problems += gpu_problems(records)
     problems += cpu_with_gpu_problems(records)
+    problems += gpu_health_problems(records)
     problems += version_problems(records, reference)
     problems += nccl_variable_problems(records, reference)
     return problems

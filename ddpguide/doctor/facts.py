@@ -17,6 +17,7 @@ import torch
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES, Runtime, listed_cuda_devices, one_gpu_per_rank
 from ddpguide.doctor import FAKE_GPUS_VARIABLE, LOCAL_LAUNCH_VARIABLE
+from ddpguide.doctor.gpu import fake_state, gpu_health
 from ddpguide.doctor.storage import shm_bytes
 
 
@@ -105,6 +106,7 @@ def gpu_inventory(environ: Mapping[str, str]) -> tuple[list[str], bool]:
         count = int(fake)
         # Simulated GPUs are named after what CUDA_VISIBLE_DEVICES lists, so ranks bound to
         # different devices see different GPUs, as UUIDs would tell them apart.
+        fake_state(environ)  # a malformed simulated state is reported here, before anything starts
         listed = listed_cuda_devices(environ) or []
         names = listed if len(listed) == count else [str(i) for i in range(count)]
         return [f"fake-gpu-{name}" for name in names], True
@@ -166,6 +168,9 @@ def rank_facts(identity: Identity, runtime: Runtime, environ: Mapping[str, str],
         "gpus_simulated": simulated,
         # The GPU this rank would use (None: the job runs on the CPU).
         "gpu_id": gpu_ids[gpu_index] if gpu_index is not None else None,
+        # its free memory, the other processes on it, a matmul against the CPU (doctor.gpu)
+        "gpu_health": None if device == "cpu" or gpu_index is None else gpu_health(
+            gpu_ids[gpu_index], gpu_index, simulated, environ),
         "cpu_forced": environ.get("DDPGUIDE_DEVICE", "").strip().lower() == "cpu"
         or environ.get("DDPGUIDE_BACKEND", "").strip().lower() == "gloo",
         "connect_ms": round(connect_ms, 3),

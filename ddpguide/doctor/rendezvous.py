@@ -175,6 +175,25 @@ class Board:
         """Add to a counter and return its value (0 reads it)."""
         return int(self._call("counting", self.store.add, self._key(name), increment))
 
+    def tally(self, name: str) -> None:
+        """Count one more under ``name``, leaving key ``name/N`` for the N-th (see :meth:`wait_for_tally`)."""
+        self.post(f"{name}/{self.count(name)}", True)
+
+    def wait_for_tally(self, name: str, count: int, timeout_s: float) -> bool:
+        """Block until :meth:`tally` has counted ``count`` under ``name``, at most ``timeout_s``;
+        whether it did. The store's own blocking ``wait``, on a client of its own: a client
+        serves one call at a time, and a wait on the shared one would hold up the heartbeat."""
+        if count <= 0:
+            return True
+        try:
+            client = dist.TCPStore(self.store.host, self.store.port, is_master=False,  # type: ignore[attr-defined]
+                                   wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=timeout_s))
+            client.wait([self._key(f"{name}/{count}")], datetime.timedelta(seconds=timeout_s))
+            return True
+        except Exception:  # DistStoreError: not counted in time, or the store is gone
+            return False
+
 
 class Heartbeat:
     """While open, count ``beat/RANK`` up in the store every ``period_s`` (a thread).

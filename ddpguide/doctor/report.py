@@ -41,10 +41,22 @@ def _agreement_line(report: dict[str, Any]) -> str:
             f"CUDA {versions['cuda'] or '-'}, {backend}")
 
 
-def _gpu_line(records: list[dict[str, Any]]) -> str:
+def _gpu_lines(records: list[dict[str, Any]]) -> list[str]:
     seen = {r["host"]: (r["gpus_visible"], r["gpus_simulated"]) for r in records}
     parts = [f"{host}: {count}{' simulated' if fake else ''}" for host, (count, fake) in sorted(seen.items())]
-    return "GPUs visible per host: " + ", ".join(parts)
+    lines = ["GPUs visible per host: " + ", ".join(parts)]
+    checked = sorted((r for r in records if r.get("gpu_health")), key=lambda r: r["rank"])
+    if checked:
+        lines.append("each rank's GPU (free memory, other processes by nvidia-smi, a float64 "
+                     "matmul against the CPU):")
+    for r in checked:
+        health = r["gpu_health"]
+        others = ("not checked (no nvidia-smi)" if health["processes"] is None
+                  else f"{len(health['processes'])} other process(es)")
+        lines.append(f"  rank {r['rank']:>3}  {r['gpu_id'][:24]:<24} "
+                     f"{health['free_bytes'] / 2**30:.1f} of {health['total_bytes'] / 2**30:.1f} GiB "
+                     f"free, {others}, matmul error {health['matmul_error']:.1e}")
+    return lines
 
 
 def _collective_lines(collectives: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -90,6 +102,12 @@ def _link_lines(links: dict[str, Any]) -> list[str]:
     for link in sorted(links["links"], key=lambda link: (link["src"], link["dst"])):
         lines.append(f"  {link['src']:>3} -> {link['dst']:<3} {link['src_host'][:16]:>16} -> "
                      f"{link['dst_host'][:16]:<16} {link['gbps']:>7.3f} GB/s")
+    hosts = links.get("hosts") or {}
+    if hosts:
+        lines.append("hosts' links (each host's fastest transfer to or from another host"
+                     + ("):" if len(hosts) >= 3 else
+                        "; with 2 hosts both cross both links, so a slow one cannot be placed):"))
+        lines += [f"  {host[:16]:<16} {gbps:>7.3f} GB/s" for host, gbps in sorted(hosts.items())]
     return lines
 
 
@@ -100,7 +118,7 @@ def format_report(report: dict[str, Any]) -> list[str]:
     if report["ranks"]:
         lines += _rank_lines(report["ranks"])
         if not report["problems"]:
-            lines += [_agreement_line(report), _gpu_line(report["ranks"])]
+            lines += [_agreement_line(report), *_gpu_lines(report["ranks"])]
     lines += _collective_lines(report["collectives"])
     lines += _bandwidth_lines(report["bandwidth"], report["world_size"])
     lines += _link_lines(report.get("links") or {})

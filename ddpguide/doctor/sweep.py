@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from typing import Any
@@ -72,17 +73,21 @@ def summarize_sweep(per_rank: dict[int, list[dict[str, Any]]], world: int) -> li
 
 #: The largest message of the per-link pass (the sweep's largest, at most this).
 MAX_LINK_BYTES = 64 * 2 ** 20
-#: A link slower than this fraction of the median link is a problem.
+#: A link (or a host's link) slower than this fraction of the median one is a problem.
 SLOW_LINK_FRACTION = 0.5
 
 
 def link_times(size: int, device: torch.device, iterations: int = 5) -> dict[str, float]:
-    """Seconds per ``size``-byte transfer into this rank from each ring neighbour.
+    """Seconds for ``size`` bytes to arrive at this rank from each ring neighbour.
 
-    All ranks send to their right neighbour and receive from their left at
-    once (every link of the ring busy, as in a ring all-reduce), then the other
-    way round. ``from_left`` times the link (rank - 1) -> rank, ``from_right``
-    the link (rank + 1) -> rank. Two ranks have one neighbour: one pass times both links.
+    All ranks send to their right neighbour and receive from their left at once (every link
+    of the ring busy, as in a ring all-reduce), then the other way round. Each of
+    ``iterations`` rounds starts at a barrier, and a link's time is the median over the
+    rounds of the moment this rank's receive completed: ``from_left`` times the link
+    (rank - 1) -> rank, ``from_right`` the link (rank + 1) -> rank. On gloo the receive is
+    waited for alone, so a slow outgoing link of this rank does not make its incoming one
+    look slow; nccl runs the pair as one group, and its time covers both. Two ranks have one
+    neighbour: one pass times both links.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if world == 1:
@@ -93,24 +98,46 @@ def link_times(size: int, device: torch.device, iterations: int = 5) -> dict[str
     times = {}
     passes = [("from_left", right, left), ("from_right", left, right)][:1 if world == 2 else 2]
     for name, target, source in passes:
-        def once(target: int = target, source: int = source) -> None:
+        def once(target: int = target, source: int = source) -> float:
             ops = [dist.P2POp(dist.isend, send, target), dist.P2POp(dist.irecv, received, source)]
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
+            started = time.perf_counter()
+            works = dist.batch_isend_irecv(ops)
+            works[-1].wait()  # the receive (gloo), or the whole group (nccl: one work)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            took = time.perf_counter() - started
+            for work in works[:-1]:
+                work.wait()
+            return took
         once()  # warm-up (connection set-up)
-        dist.barrier()
-        started = time.perf_counter()
+        rounds = []
         for _ in range(iterations):
-            once()
-        times[name] = (time.perf_counter() - started) / iterations
+            dist.barrier()
+            rounds.append(once())
+        times[name] = statistics.median(rounds)
     return times
+
+
+def _upper_median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def summarize_links(per_rank: dict[int, dict[str, float]], hosts: dict[int, str],
                     size: int) -> dict[str, Any]:
-    """Every directed ring link with its bandwidth; the slowest, and whether it is too slow."""
+    """Every directed ring link with its bandwidth, the slowest, and what is too slow.
+
+    Two rules, each against the median of its own kind (a link inside a host is not
+    compared with one between hosts, which is always slower):
+
+    * ``slow_links``: a link under :data:`SLOW_LINK_FRACTION` of the median link of its
+      kind (inside one host, or between hosts);
+    * ``slow_hosts``: with 3 or more hosts, a host's link is as fast as its fastest
+      transfer to or from another host (every such transfer crosses it; the other end may
+      be the slow one), and a host under :data:`SLOW_LINK_FRACTION` of the median host is
+      slow. With 2 hosts every transfer between them crosses both hosts' links, and which
+      one is slow cannot be told.
+    """
     world = len(hosts)
     links: list[dict[str, Any]] = []
     for rank, times in sorted(per_rank.items()):
@@ -121,8 +148,25 @@ def summarize_links(per_rank: dict[int, dict[str, float]], hosts: dict[int, str]
                               "gbps": size / times[name] / 1e9})
     if not links:
         return {}
-    ordered = sorted(link["gbps"] for link in links)
-    median = ordered[len(ordered) // 2]
-    slowest = min(links, key=lambda link: link["gbps"])
-    return {"bytes": size, "links": links, "slowest": slowest, "median_gbps": median,
-            "slow": slowest["gbps"] < SLOW_LINK_FRACTION * median}
+    slow_links = []
+    for between in (False, True):
+        kind = [link for link in links if (link["src_host"] != link["dst_host"]) == between]
+        if len(kind) >= 2:
+            median = _upper_median([link["gbps"] for link in kind])
+            slow_links += [{**link, "median_gbps": median, "between_hosts": between}
+                           for link in kind if link["gbps"] < SLOW_LINK_FRACTION * median]
+    host_gbps: dict[str, float] = {}
+    for link in links:
+        if link["src_host"] != link["dst_host"]:
+            for host in (link["src_host"], link["dst_host"]):
+                host_gbps[host] = max(host_gbps.get(host, 0.0), link["gbps"])
+    slow_hosts = []
+    if len(host_gbps) >= 3:
+        median = _upper_median(list(host_gbps.values()))
+        slow_hosts = [{"host": host, "gbps": gbps, "median_gbps": median,
+                       "rank": min(r for r, h in hosts.items() if h == host)}
+                      for host, gbps in sorted(host_gbps.items())
+                      if gbps < SLOW_LINK_FRACTION * median]
+    return {"bytes": size, "links": links, "slowest": min(links, key=lambda link: link["gbps"]),
+            "median_gbps": _upper_median([link["gbps"] for link in links]),
+            "slow_links": slow_links, "hosts": host_gbps, "slow_hosts": slow_hosts}

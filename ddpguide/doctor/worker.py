@@ -129,6 +129,10 @@ def _collectives(identity: Identity, runtime: Runtime, board: Board,
     return result
 
 
+#: How long rank 0 stays, after posting the report, for the others to read it.
+ACK_WAIT_S = 10.0
+
+
 def stale_after_s(timeout_s: float) -> float:
     """How long rank 0 waits for a silent rank's heartbeat before naming it: half the timeout."""
     return max(2.0, timeout_s / 2)
@@ -184,9 +188,7 @@ def _finish(board: Board | None, report: dict[str, Any], options: Options, start
         try:
             board.post("report", {"ok": report["ok"]})
             # The store lives in this process: stay until the others have read the end.
-            deadline = time.monotonic() + 10.0
-            while board.count("acks", 0) < followers and time.monotonic() < deadline:
-                time.sleep(0.05)
+            board.wait_for_tally("acks", followers, ACK_WAIT_S)
         except RendezvousError:
             pass
     return 0 if report["ok"] else 1
@@ -235,7 +237,7 @@ def _follow(board: Board, identity: Identity, runtime: Runtime, options: Options
                        _group_checks(identity, runtime, board, options, ruling))
     phase[0] = "waiting for rank 0's report"
     final = board.wait_for("report", time.monotonic() + 2 * options.timeout_s + 20.0)
-    board.count("acks")
+    board.tally("acks")
     return 0 if final is not None and final["ok"] else 1
 
 

@@ -56,19 +56,29 @@ def read_log(path: Path) -> list[dict]:
 
 
 def agent_settings(port: int, nproc_per_node: int = 1, share_store: bool = False,
-                   read_timeout: int | None = None) -> AgentSettings:
+                   read_timeout: int | None = None, nnodes: str = "1:2",
+                   host: str = "127.0.0.1") -> AgentSettings:
     """The tuned agent of the chapter: ``--nnodes=1:2`` on 127.0.0.1, monitor every 0.5 s.
 
     ``share_store`` leaves torchrun's store sharing on (no workaround variable);
-    ``read_timeout`` bounds every wait on the rendezvous store (torchrun's default: 60 s).
+    ``read_timeout`` bounds every wait on the rendezvous store (torchrun's default: 60 s);
+    ``nnodes`` and ``host`` (the rendezvous endpoint's) for agents on other machines.
     """
-    settings = AgentSettings(nnodes="1:2", nproc_per_node=nproc_per_node,
-                             rdzv_endpoint=f"127.0.0.1:{port}",
+    settings = AgentSettings(nnodes=nnodes, nproc_per_node=nproc_per_node,
+                             rdzv_endpoint=f"{host}:{port}",
                              rdzv_id=f"job-{uuid.uuid4().hex[:8]}", max_restarts=3,
                              monitor_interval=0.5, share_store=share_store)
     if read_timeout is not None:
         settings.rdzv_conf["read_timeout"] = str(read_timeout)
     return settings.validate()
+
+
+def program_folder() -> Path:
+    """A new folder holding a copy of the program alone, as a reader's folder (the caller
+    removes it)."""
+    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-program-"))
+    shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
+    return workdir
 
 
 def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int = 1,
@@ -82,8 +92,7 @@ def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int =
     and ``read_timeout`` go to :func:`agent_settings`; ``failure_grace_s`` is how
     long one agent may run on after the other has failed.
     """
-    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-program-"))
-    shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
+    workdir = program_folder()
     settings = agent_settings(store_port(), nproc_per_node, share_store, read_timeout)
     args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
     first = Agent("A", torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
@@ -125,7 +134,8 @@ def check_join(run: JoinRun) -> dict:
 
     Both agents exit 0; the log holds every epoch exactly once, in order; the
     world size only grows, from A's workers to A's and B's; a join is not a
-    failure (the restart count stays 0); the checkpoint holds the last epoch.
+    failure (the restart count stays 0); the new group's rank 0 says it resumed at
+    the first epoch it logged; the checkpoint holds the last epoch.
     """
     import torch
 
@@ -140,5 +150,8 @@ def check_join(run: JoinRun) -> dict:
     state = torch.load(run.workdir / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert state["epoch"] == run.epochs - 1, state["epoch"]
     first_at_two = sizes.index(sizes[-1])
+    said = "\n".join(line for r in run.agents for line in r.lines())
+    # the new group's rank 0 found the checkpoint and said where it resumed
+    assert f"world size {sizes[-1]}, restart count 0: resuming at epoch {first_at_two}" in said, said[-2000:]
     return {"epochs": len(epochs), "world_sizes": sorted(set(sizes)),
             "joined_before_epoch": first_at_two, "checkpoint_epoch": state["epoch"]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,7 @@ def test_without_root_or_tools_one_line_says_what_is_missing(monkeypatch, capsys
 
 @needs_root
 def test_normal_exit_and_error_leave_nothing():
+    host_name = socket.gethostname()
     with up(Spec(nodes=3, link="200mbit", slow_node=2, slow_link="50mbit")) as cluster:
         run_id = cluster.run_id
         assert len(namespaces_of(run_id)) == 4 and netns.record_path(run_id).exists()
@@ -84,7 +86,17 @@ def test_normal_exit_and_error_leave_nothing():
         [ping] = cluster.run([(cluster.nodes[0], [sys.executable, "-c",
                               "import socket; socket.create_connection(('198.18.0.3', 9), 2)"])], 10)
         assert "Connection refused" in ping.stderr  # the other node answered: the link works
+        names = cluster.run([(n, [sys.executable, "-c", "import socket; print(socket.gethostname(), "
+                                  "socket.gethostbyname('node2'), socket.getfqdn())"])
+                             for n in cluster.nodes], 10)
+        # each node its own host name, and every node's name resolves inside the cluster
+        assert [n.stdout.split() for n in names] == [
+            [f"node{k}", "198.18.0.3", f"node{k}"] for k in range(3)]
+        assert socket.gethostname() == host_name  # the machine's own name is untouched
+        assert sorted(p.name for p in netns.package_configs()[run_id]) == [
+            n.netns for n in cluster.nodes]
     assert namespaces_of(run_id) == [] and not netns.record_path(run_id).exists()
+    assert run_id not in netns.package_configs()
     with pytest.raises(RuntimeError, match="inside"):
         with up(Spec()) as cluster:
             run_id = cluster.run_id
@@ -101,11 +113,11 @@ def test_a_failure_while_making_leaves_nothing(monkeypatch):
             raise RuntimeError("tc refused")
         return real(*argv, check=check)
     monkeypatch.setattr(netns, "sh", failing)
-    before = set(netns.package_namespaces())
+    before = (set(netns.package_namespaces()), set(netns.package_configs()))
     with pytest.raises(RuntimeError, match="tc refused"):
         with up(Spec()):
             pass
-    assert set(netns.package_namespaces()) == before
+    assert (set(netns.package_namespaces()), set(netns.package_configs())) == before
 
 
 def start_command(hold: str = "30") -> tuple[subprocess.Popen[str], str]:
@@ -145,3 +157,4 @@ def test_sigkilled_driver_is_cleaned_by_the_next_up_and_a_live_one_is_not():
             assert len(namespaces_of(live.run_id)) == 3  # the live driver's cluster is untouched
             assert later.run_id != live.run_id
     assert namespaces_of(live.run_id) == [] and dead not in host_links()
+    assert {dead, live.run_id}.isdisjoint(netns.package_configs())  # their hosts files too

@@ -67,6 +67,8 @@ def test_bench_quick_run_counts_the_formulas():
     for case in ("ring", "hierarchical", "all_gather", "reduce_scatter", "fsdp2", "hsdp"):
         assert abs(ratios[f"inter_node_bytes_counted_over_formula_{case}"] - 1) <= 0.02, case
     assert ratios["hierarchical_sum_equals_flat"] == 1.0
+    assert ratios["doctor_names_the_slow_node"] == 1.0
+    assert ratios["elastic_link_loss_every_epoch_once"] == 1.0
 
 
 @pytest.mark.slow

@@ -33,10 +33,8 @@ def test_hierarchical_time_against_flat_by_hand():
 
 
 def test_exposed_prediction_one_bucket_is_the_whole_all_reduce():
-    # a link of 2500 B/s and no latency: a 2-rank all-reduce of 1000 B takes 0.4 s
-    sweep = [{"bytes": n, "seconds": n / 2500} for n in (250, 500, 1000)]
-    run = {"forward_seconds": 0.1, "compute_seconds": 0.5, "grad_bytes": 1000,
-           "sweep": sweep, "buckets": [1000]}
+    # the buckets all-reduced alone take 0.4 s; backward 0.4 s after a 0.1 s forward
+    run = {"forward_seconds": 0.1, "compute_seconds": 0.5, "comm_seconds": 0.4, "buckets": [1000]}
     assert model.exposed_prediction(run) == pytest.approx(
         {"bucketed": 0.4, "simple": 0.0, "comm": 0.4})
     run["buckets"] = [250] * 4  # ready at 0.2, 0.3, 0.4, 0.5; each takes 0.1 on the link

@@ -30,3 +30,17 @@ def test_the_deadline_stops_a_tree():
               f"subprocess.run({SLEEPER!r})"]
     [done] = run_all([nested], timeout=1.5)
     assert done.returncode is None and not alive(int(done.stdout.split()[0]))
+
+
+def test_until_sees_the_statuses_and_its_true_stops_the_rest():
+    seen = []
+
+    def first_done(codes):
+        seen.append(list(codes))
+        return codes[0] is not None
+    started = time.monotonic()
+    quick, slow = run_all([[sys.executable, "-c", "print('hi')"], SLEEPER], timeout=30,
+                          fail_fast=False, until=first_done)
+    assert (quick.returncode, slow.returncode) == (0, None)
+    assert seen[-1] == [0, None]  # the sleeper still ran when until said stop
+    assert time.monotonic() - started < 15 and not alive(int(slow.stdout.split()[0]))

@@ -74,3 +74,21 @@ def test_versions_and_strays():
                           strays=["5|c|RANK=5 is not smaller than WORLD_SIZE=2"]))
     assert found == ["PROBLEM rank 5 (host c): RANK=5 is not smaller than WORLD_SIZE=2",
                      "PROBLEM rank 1 (host a): torch 2.13.0, but rank 0 runs torch 2.14.1"]
+
+
+def test_a_gpu_with_little_free_memory_another_process_or_a_wrong_matmul_is_named():
+    def health(free=79 * 2**30, processes=(), error=0.0):
+        return {"free_bytes": free, "total_bytes": 80 * 2**30, "processes": list(processes),
+                "matmul_error": error}
+    ranks = [record(0, gpu="G0", gpu_health=health()), record(1, gpu="G1", gpu_health=health())]
+    assert verdict(ranks, 2, 5, "10.0.0.1:29500") == []
+    ranks[1]["gpu_health"] = health(free=20 * 2**30, error=float("nan"), processes=[
+        {"pid": 100, "name": "python", "used_mib": 900},  # rank 0 of this job, on host a
+        {"pid": 4242, "name": "other_job", "used_mib": 61440}])
+    assert lines(verdict(ranks, 2, 5, "10.0.0.1:29500")) == [
+        "PROBLEM rank 1 (host a): GPU G1 has 20.0 GiB free of 80.0 GiB (25%) before the job "
+        "starts: another process holds the rest",
+        "PROBLEM rank 1 (host a): GPU G1 is also used by pid 4242 (other_job, 61440 MiB), not a "
+        "rank of this job",
+        "PROBLEM rank 1 (host a): GPU G1 computed a 256 x 256 float64 matmul with a relative error "
+        "of nan against the CPU (at most 1e-09): a faulty GPU, driver or clock"]

@@ -155,6 +155,34 @@ def test_two_local_ranks_told_to_share_one_gpu():
     assert summary_seconds(done.stdout) < TIMEOUT
 
 
+def test_each_rank_s_gpu_is_checked_for_memory_other_processes_and_a_matmul(tmp_path):
+    # Simulated GPUs (one per rank): what mem_get_info and the matmul would say comes from
+    # DDPGUIDE_DOCTOR_FAKE_GPU_STATE, the processes from an nvidia-smi that lists another job.
+    import os
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'fake-gpu-1, 4242, other_job, 2048'\n")
+    smi.chmod(0o755)
+    done = doctor(["--timeout", str(TIMEOUT)],
+                  {"DDPGUIDE_DOCTOR_FAKE_GPUS": "2", "PATH": f"{tmp_path}:{os.environ['PATH']}",
+                   "DDPGUIDE_DOCTOR_FAKE_GPU_STATE": "free=10G,total=80G,matmul_error=0.5"},
+                  timeout_s=STARTUP_ALLOWANCE_S + 4 * TIMEOUT)
+    assert done.returncode == 1
+    problems = [line for line in done.lines() if line.startswith("PROBLEM")]
+    assert problems == [
+        f"PROBLEM rank 0 (host {HOST}): GPU fake-gpu-0 has 10.0 GiB free of 80.0 GiB (12%) before "
+        "the job starts: another process holds the rest",
+        f"PROBLEM rank 0 (host {HOST}): GPU fake-gpu-0 computed a 256 x 256 float64 matmul with "
+        "a relative error of 5.0e-01 against the CPU (at most 1e-09): a faulty GPU, driver or clock",
+        f"PROBLEM rank 1 (host {HOST}): GPU fake-gpu-1 has 10.0 GiB free of 80.0 GiB (12%) before "
+        "the job starts: another process holds the rest",
+        f"PROBLEM rank 1 (host {HOST}): GPU fake-gpu-1 is also used by pid 4242 (other_job, 2048 "
+        "MiB), not a rank of this job",
+        f"PROBLEM rank 1 (host {HOST}): GPU fake-gpu-1 computed a 256 x 256 float64 matmul with "
+        "a relative error of 5.0e-01 against the CPU (at most 1e-09): a faulty GPU, driver or clock"]
+    assert summary_seconds(done.stdout) < TIMEOUT
+
+
 def test_srun_tasks_without_rank_are_told_how_to_run_it():
     done = doctor([], {"SLURM_NTASKS": "4", "SLURM_PROCID": "2"}, timeout_s=60)
     assert done.returncode == 1

@@ -243,22 +243,45 @@ def test_summarize_sweep_takes_the_slowest_rank_per_size():
     assert sweep.summarize_sweep({}, 4) == []
 
 
-def test_a_slow_link_is_named_with_its_hosts():
+def test_on_nccl_a_slow_link_is_named_against_the_links_of_its_kind():
     hosts = {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
     size = 2 ** 20
-    fast = size / 10e9  # 10 GB/s
-    per_rank = {rank: {"from_left": fast, "from_right": fast} for rank in hosts}
+    per_rank = {rank: {"from_left": size / 100e9, "from_right": size / 100e9} for rank in hosts}
+    for rank, name in ((0, "from_left"), (1, "from_right"), (2, "from_left"), (3, "from_right")):
+        per_rank[rank][name] = size / 10e9  # the four links between hosts move 10 GB/s
     per_rank[2]["from_left"] = size / 1e9  # the link 1 -> 2 (node-a -> node-b) moves 1 GB/s
     links = sweep.summarize_links(per_rank, hosts, size)
-    assert len(links["links"]) == 8 and links["slow"]
-    assert (links["slowest"]["src"], links["slowest"]["dst"]) == (1, 2)
-    assert links["median_gbps"] == pytest.approx(10.0)
+    assert len(links["links"]) == 8 and (links["slowest"]["src"], links["slowest"]["dst"]) == (1, 2)
+    assert links["hosts"] == pytest.approx({"node-a": 10.0, "node-b": 10.0})
+    assert links["slow_hosts"] == []  # 2 hosts: each host's fastest transfer crosses both links
     assert [p.line() for p in consistency.slow_link_problems(links, "nccl")] == [
         "PROBLEM rank 2 (host node-b): slow link: rank 1 (node-a) -> rank 2 (node-b) moves "
-        "1.00 GB/s, under half the median link's 10.00 GB/s"]
-    assert consistency.slow_link_problems(links, "gloo") == []  # loopback: the CPU's load
-    per_rank[2]["from_left"] = fast * 1.5  # a little slower: noise, not a problem
+        "1.00 GB/s, under half the 10.00 GB/s of the median link between hosts"]
+    assert consistency.slow_link_problems(links, "gloo") == []  # one link: the load, on gloo
+    per_rank[2]["from_left"] = size / 10e9 * 1.5  # a little slower: noise, not a problem
     assert consistency.slow_link_problems(sweep.summarize_links(per_rank, hosts, size), "nccl") == []
+
+
+def test_a_slow_host_link_is_named_on_every_backend_with_three_hosts():
+    hosts = {0: "node0", 1: "node0", 2: "node1", 3: "node1", 4: "node2", 5: "node2"}
+    size = 2 ** 20
+    gbps = {("node0", "node0"): 2.0, ("node1", "node1"): 2.0, ("node2", "node2"): 2.0,
+            ("node0", "node2"): 0.1, ("node2", "node0"): 0.1}  # node1's link: 0.005 GB/s
+    per_rank = {}
+    for rank, host in hosts.items():
+        left, right = hosts[(rank - 1) % 6], hosts[(rank + 1) % 6]
+        per_rank[rank] = {"from_left": size / 1e9 / gbps.get((left, host), 0.005),
+                          "from_right": size / 1e9 / gbps.get((right, host), 0.005)}
+    links = sweep.summarize_links(per_rank, hosts, size)
+    assert links["hosts"] == pytest.approx({"node0": 0.1, "node1": 0.005, "node2": 0.1})
+    expected = ["PROBLEM rank 2 (host node1): slow link: host node1 moves at most 0.005 GB/s to or "
+                "from any other host (its fastest transfer), under half the median host's 0.100 GB/s"]
+    assert [p.line() for p in consistency.slow_link_problems(links, "gloo")] == expected
+    assert [p.line() for p in consistency.slow_link_problems(links, "nccl")] == expected
+    lines = report._link_lines(links)
+    assert lines[-4:] == ["hosts' links (each host's fastest transfer to or from another host):",
+                          "  node0              0.100 GB/s", "  node1              0.005 GB/s",
+                          "  node2              0.100 GB/s"]
 
 
 def test_iterations_are_bounded():
@@ -467,3 +490,43 @@ def test_fault_injection_stops_only_the_rank_it_names(monkeypatch):
     monkeypatch.delenv(watch.STOP_VARIABLE, raising=False)
     watch.fault(1)  # the sweep's variable is unset
     assert sent == [(os.getpid(), signal.SIGSTOP)]
+
+
+# ---------------------------------------------------------------- a rank's GPU
+
+@pytest.mark.multiprocess  # a stand-in nvidia-smi
+def test_gpu_health_asks_nvidia_smi_for_this_gpu_only(tmp_path, monkeypatch):
+    from ddpguide.doctor import gpu
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu.gpu_processes("GPU-AB12") is None  # no nvidia-smi: not checked, not a problem
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\necho 'GPU-ab12, 4242, other_job, 2048'\n"
+                      "echo 'GPU-cd34, 4343, elsewhere, 10'\necho 'GPU-ab12, 77, [N/A], [N/A]'\n")
+    script.chmod(0o755)
+    assert gpu.gpu_processes("GPU-AB12") == [{"pid": 4242, "name": "other_job", "used_mib": 2048},
+                                             {"pid": 77, "name": "[N/A]", "used_mib": None}]
+    assert gpu.gpu_processes("ab12") == gpu.gpu_processes("GPU-AB12")  # torch's UUID form
+    simulated = gpu.gpu_health("fake-gpu-0", 0, True, {})
+    assert simulated == {"processes": [], "free_bytes": 80 * 2**30, "total_bytes": 80 * 2**30,
+                         "matmul_error": 0.0}
+    state = {gpu.FAKE_STATE_VARIABLE: "free=2G,total=16G,matmul_error=0.5"}
+    assert gpu.gpu_health("fake-gpu-0", 0, True, state)["free_bytes"] == 2 * 2**30
+    with pytest.raises(ValueError, match="unknown key 'speed'"):
+        gpu.fake_state({gpu.FAKE_STATE_VARIABLE: "speed=3"})
+    with pytest.raises(ValueError, match="'free=lots' is not free=NUMBER"):
+        gpu.fake_state({gpu.FAKE_STATE_VARIABLE: "free=lots"})
+    # the real path, with the CUDA calls stood in for: memory from mem_get_info, the product on the device
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (70 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(gpu, "matmul_error", lambda device: 1e-3 if device.type == "cuda" else 0.0)
+    assert gpu.gpu_health("GPU-ab12", 0, False, {}) == {
+        "processes": [{"pid": 4242, "name": "other_job", "used_mib": 2048},
+                      {"pid": 77, "name": "[N/A]", "used_mib": None}],
+        "free_bytes": 70 * 2**30, "total_bytes": 80 * 2**30, "matmul_error": 1e-3}
+    rows = [{"rank": 0, "host": "a", "gpus_visible": 1, "gpus_simulated": True,
+             "gpu_id": "fake-gpu-0", "gpu_health": simulated}]
+    assert report._gpu_lines(rows) == [
+        "GPUs visible per host: a: 1 simulated",
+        "each rank's GPU (free memory, other processes by nvidia-smi, a float64 matmul against the CPU):",
+        "  rank   0  fake-gpu-0               80.0 of 80.0 GiB free, 0 other process(es), matmul error 0.0e+00"]
+

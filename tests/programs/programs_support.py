@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
 from ddpguide.launch import forked, programs, ranks
-from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE, processes_of_launch
+from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
 PYTHON = sys.executable
@@ -51,26 +50,6 @@ def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> d
            if k not in (*LAUNCHER_VARIABLES, "PYTHONPATH", "PYTHONUNBUFFERED")}
     env.update({LAUNCH_ID_VARIABLE: launch_id, **(extra or {})})
     return env
-
-
-def kill_launch(launch_id: str, within_s: float = 15.0) -> None:
-    """SIGKILL every process carrying the launch marker until none is left."""
-    deadline = time.monotonic() + within_s
-    while (pids := processes_of_launch(launch_id)) and time.monotonic() < deadline:
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
-
-
-def start(argv: list[str], cwd: Path, launch_id: str, env: dict[str, str] | None = None,
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> subprocess.Popen:
-    """Start ``argv`` in ``cwd`` in a session of its own, marked with ``launch_id``."""
-    return subprocess.Popen(argv, cwd=cwd, env=reader_environment(launch_id, env), text=True,
-                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                            start_new_session=True)
 
 
 def forkable(argv: list[str]) -> tuple[int, list[str]] | None:

@@ -1,96 +1,24 @@
-"""elastic_train.py: a second agent joins mid-run; every epoch runs once, world size 1 -> 2."""
+"""elastic_train.py: its input checks, its held-back SIGTERM and its error file.
+
+A second agent joining mid-run (every epoch once, world size 1 -> 2), with the reader's
+command on the package's runner, is ``tests/elastic/test_program.py``; a node lost by its
+link is ``tests/cluster/test_nodes.py``.
+"""
 
 from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import time
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
 
-from ddpguide.core.processes import store_port as free_port
-from tests.programs.programs_support import (
-    PYTHON,
-    TORCHRUN,
-    copy_program,
-    kill_launch,
-    parse_error,
-    run,
-    start,
-)
-
-EPOCHS, EPOCH_SECONDS = 30, 0.4  # about 11 s for the second agent to join
-# The tuned values of the chapter (FACTS: a restart in seconds instead of tens of seconds).
-RDZV_CONF = "join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
-
-
-def agent_command(port: int) -> list[str]:
-    """The chapter's command for one agent with one worker, on the loopback interface."""
-    return [TORCHRUN, "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test",
-            f"--rdzv-conf={RDZV_CONF}", "--monitor-interval=0.5", "--max-restarts=3",
-            "elastic_train.py", "--epochs", str(EPOCHS), "--epoch-seconds", str(EPOCH_SECONDS),
-            "--epoch-log", "epochs.jsonl"]
-
-
-def read_log(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def wait_for(condition, timeout: float, what: str, agents: dict[str, subprocess.Popen]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        failed = {name: p.returncode for name, p in agents.items() if p.poll() not in (None, 0)}
-        assert not failed, f"agents failed while waiting for {what}: {failed}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
-        time.sleep(0.1)
-
-
-@pytest.mark.timeout(300)
-def test_a_second_agent_joins_and_every_epoch_runs_exactly_once(tmp_path):
-    folder = tmp_path / "reader"
-    copy_program("elastic_train.py", folder)
-    log = folder / "epochs.jsonl"
-    command = agent_command(free_port())
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    launch_id = uuid.uuid4().hex
-    outputs = {name: open(tmp_path / f"agent-{name}.txt", "w") for name in ("a", "b")}
-    agents: dict[str, subprocess.Popen] = {}
-    try:
-        agents["a"] = start(command, folder, launch_id, env, stdout=outputs["a"],
-                            stderr=subprocess.STDOUT)
-        wait_for(lambda: any(r["epoch"] >= 1 for r in read_log(log)), 120,
-                 "epoch 1 from the first agent", agents)
-        agents["b"] = start(command, folder, launch_id, env, stdout=outputs["b"],
-                            stderr=subprocess.STDOUT)
-        wait_for(lambda: all(p.poll() is not None for p in agents.values()), 180,
-                 "end of both agents", agents)
-    finally:
-        kill_launch(launch_id)
-        for f in outputs.values():
-            f.close()
-    texts = {name: (tmp_path / f"agent-{name}.txt").read_text() for name in agents}
-    assert [p.returncode for p in agents.values()] == [0, 0], texts
-
-    records = read_log(log)
-    assert [r["epoch"] for r in records] == list(range(EPOCHS)), texts
-    sizes = [r["world_size"] for r in records]
-    assert sizes[0] == 1 and sizes[-1] == 2 and sizes == sorted(sizes), sizes
-    # a node joining restarts the workers but is not a failure: the count stays 0
-    assert {r["restart_count"] for r in records} == {0}
-    state = torch.load(folder / "checkpoint.pt", map_location="cpu", weights_only=True)
-    assert state["epoch"] == EPOCHS - 1
-    assert "world size 2, restart count 0: resuming at epoch" in texts["a"] + texts["b"]
+from tests.programs.programs_support import PYTHON, TORCHRUN, copy_program, parse_error, run
 
 
 @pytest.mark.parametrize("args, message", [
     (["--epochs", "0"], "argument --epochs: expected a value > 0, got 0"),
+    (["--timeout", "nan"], "argument --timeout: expected a value > 0, got nan"),
     (["--epoch-log", "no/such/folder/log.jsonl"],
      "argument --epoch-log: cannot write a file at 'no/such/folder/log.jsonl'"),
     ([], "RANK is not set: start me with "

@@ -7,12 +7,14 @@ Run on each node K of 2 (one rank per node):
 DDP puts the gradients into buckets of --bucket-mb megabytes (in reverse order of the
 parameters, roughly the order backward produces them) and starts a bucket's all-reduce
 as soon as its last gradient is ready, while backward goes on with earlier layers.
-Timed, each the median of --steps steps: sends of a quarter, half and all of the
-gradients' bytes from rank 0 to rank 1 (the link's alpha and beta); the forward alone; a step under no_sync() (no
-all-reduce at all: forward + backward compute); the all-reduce of all gradients alone
-(one flat tensor of the same bytes) and of one float (the per-call latency); a DDP step.
-Whatever of the all-reduce backward could not hide is step - compute ("exposed
-communication").
+Timed, each the median of --steps samples (a sample is the slowest rank's time): the
+forward alone; then, in rounds, a DDP step, a step under no_sync() (no all-reduce at all:
+forward + backward compute), and DDP's buckets all-reduced alone (the same tensors,
+launched the same way, with no backward around them). Whatever of the all-reduce backward
+could not hide is step - compute ("exposed communication"): the median of that difference
+over the rounds, the two steps of a round taken back to back so that both see the same
+load on the machine. In this order every timed all-reduce starts on a link that has been
+quiet for a step's compute, as DDP's does after backward.
 
 --layer-ms makes each layer's backward take that many milliseconds more, waiting
 rather than computing, as a GPU kernel of that length would leave the CPU free: on
@@ -86,16 +88,18 @@ class Layer(nn.Module):
         return Wait.apply(x, self.wait) if self.wait > 0 else x
 
 
+def timed(work):
+    """One run of ``work`` on every rank, after a barrier: the slowest rank's seconds."""
+    dist.barrier()
+    start = time.perf_counter()
+    work()
+    took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return took.item()
+
+
 def median_seconds(work, steps):
-    times = []
-    for _ in range(steps):
-        dist.barrier()
-        start = time.perf_counter()
-        work()
-        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        times.append(took.item())
-    return statistics.median(times)
+    return statistics.median(timed(work) for _ in range(steps))
 
 
 def measure(args, bucket_mb, device, x):
@@ -116,32 +120,24 @@ def measure(args, bucket_mb, device, x):
     def ddp_step():
         model(x).square().mean().backward()
 
-    flat, one = torch.zeros(grad_bytes // 4, device=device), torch.zeros(1, device=device)
-
-    def all_reduce_alone():
-        dist.all_reduce(flat)
-
-    def all_reduce_one():
-        dist.all_reduce(one)
-
-    for work in (compute_only, ddp_step, ddp_step, all_reduce_alone):
+    for work in (compute_only, ddp_step, ddp_step):
         work()  # warm-up: DDP rebuilds its buckets in the order of the first backward
-    result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms}
-    sweep = []  # sends from rank 0 to rank 1 across the link: its alpha and beta
-    for size in (grad_bytes // 4, grad_bytes // 2, grad_bytes):
-        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+    # The buckets DDP built, in the order it all-reduces them (bytes each), and the same
+    # all-reduces launched the same way (asynchronously, in that order) with nothing else.
+    buckets = [b.buffer() for b in model.reducer._get_zeros_like_grad_buckets()]
 
-        def send(buf=buf):
-            dist.send(buf, dst=1) if dist.get_rank() == 0 else dist.recv(buf, src=0)
-        sweep.append({"bytes": size, "seconds": median_seconds(send, args.steps)})
-    result["sweep"] = sweep
-    for name, work in (("forward", forward_only), ("compute", compute_only),
-                       ("comm", all_reduce_alone), ("latency", all_reduce_one), ("step", ddp_step)):
-        result[f"{name}_seconds"] = median_seconds(work, args.steps)
-    # The buckets DDP built, in the order it all-reduces them (bytes each).
-    result["buckets"] = [b.buffer().numel() * b.buffer().element_size()
-                         for b in model.reducer._get_zeros_like_grad_buckets()]
-    result["exposed_seconds"] = max(0.0, result["step_seconds"] - result["compute_seconds"])
+    def buckets_alone():
+        for work in [dist.all_reduce(torch.zeros_like(b), async_op=True) for b in buckets]:
+            work.wait()
+
+    buckets_alone()
+    result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms,
+              "buckets": [b.numel() * b.element_size() for b in buckets],
+              "forward_seconds": median_seconds(forward_only, args.steps)}
+    rounds = [(timed(ddp_step), timed(compute_only), timed(buckets_alone)) for _ in range(args.steps)]
+    for index, name in enumerate(("step", "compute", "comm")):
+        result[f"{name}_seconds"] = statistics.median(r[index] for r in rounds)
+    result["exposed_seconds"] = max(0.0, statistics.median(step - compute for step, compute, _ in rounds))
     return result
 
 
