@@ -96,6 +96,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
             "ZBVZeroBubble: idle/busy measured / counted", "", "0.8-1.25"),
         "bubble_measured_over_formula_DualPipeV": Anchor(
             "DualPipeV: idle/busy measured / counted", "", "0.8-1.25"),
+        "quiet_step_share": Anchor("timed steps with no rank waiting for a core over 1 % of it", "", ">= 0.5"),
     },
     "amp": {
         "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),
@@ -117,12 +118,13 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "ring_peak_over_full_2ranks": Anchor(
             "ring attention per rank / full attention, peak activation bytes, 2 ranks",
             "(S/N)^2 / S^2 = 0.25 for the scores", "<= 0.55"),
-        "zigzag_busiest_over_mean": Anchor(
-            "head-tail split: busiest rank / mean, CPU time in block products, causal, 4 ranks",
-            "1.00 counted", "<= 1.02"),
+        "zigzag_busiest_over_mean": Anchor("head-tail split: busiest rank / mean, each rank's own CPU time in "
+                                           "its block products, causal, 2 ranks on a core each", "1", "<= 1.05"),
+        "zigzag_step_busiest_over_mean": Anchor("the same, CPU time of the whole forward and backward", "1", "<= 1.05"),
         "contiguous_busiest_over_mean": Anchor(
-            "contiguous split: the same",
-            "(2N-1)/N = 1.75 counted; 2N/(N+1) = 1.6 with whole diagonal blocks", ""),
+            "contiguous split: the same as zigzag_busiest_over_mean",
+            "(2N-1)/N = 1.5 counted at N = 2; 2N/(N+1) = 4/3 with whole diagonal blocks", "> 1.05"),
+        "contiguous_step_busiest_over_mean": Anchor("contiguous split, the whole forward and backward", "", "> 1.05"),
         "ulysses_bytes_over_ring_bytes": Anchor(
             "bytes sent per rank, Ulysses / ring, forward + backward, 4 ranks", "8(N-1)/N / (6N-4) = 0.3", "= 0.3"),
     },
