@@ -70,7 +70,8 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "pipeline_speedup_balanced": Anchor("pipeline with balanced stages / 1 process", "", "> pipeline_speedup"),
         "model_parallel_over_single": Anchor("naive model parallel / 1 device, time",
                                              "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
-        "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core)", "", "<= bubble_bound"),
+        "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core); can pass bubble_bound", "", ""),
+        "stage_work_efficiency": Anchor("m (s0 + s1) / (2 x step): micro-batches' work / core", "", "<= bubble_bound"),
         "bubble_bound": Anchor("m/(m+p-1) for the best seed-split run", "", ""),
         "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
         "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "1.81 (128x128)", ""),
@@ -82,20 +83,9 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "zb_bubble_over_1f1b_bubble": Anchor("InterleavedZeroBubble / 1F1B idle time, measured",
                                              "1/6 counted from the action lists (F = I = W)", "<= 0.6"),
         "zbv_bubble_over_1f1b_bubble": Anchor("ZBVZeroBubble / 1F1B idle time, measured", "1/6 counted", "<= 0.6"),
-        "bubble_measured_over_formula_GPipe": Anchor(
-            "GPipe: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_1F1B": Anchor(
-            "1F1B: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_Interleaved1F1B": Anchor(
-            "Interleaved1F1B: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_LoopedBFS": Anchor(
-            "LoopedBFS: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_InterleavedZeroBubble": Anchor(
-            "InterleavedZeroBubble: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_ZBVZeroBubble": Anchor(
-            "ZBVZeroBubble: idle/busy measured / counted", "", "0.8-1.25"),
-        "bubble_measured_over_formula_DualPipeV": Anchor(
-            "DualPipeV: idle/busy measured / counted", "", "0.8-1.25"),
+        **{f"bubble_measured_over_formula_{s}": Anchor(f"{s}: idle/busy measured / formula", "", "0.8-1.25")
+           for s in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                     "ZBVZeroBubble", "DualPipeV")},
         "quiet_step_share": Anchor("timed steps with no rank waiting for a core over 1 % of it", "", ">= 0.5"),
     },
     "amp": {
