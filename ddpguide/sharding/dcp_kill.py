@@ -29,7 +29,6 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 
 from ddpguide.core.models import Stack
@@ -40,7 +39,6 @@ from ddpguide.sharding.dcp import find_checkpoint, load_sharded, save_sharded
 from ddpguide.sharding.dcp_workers import full_tensors
 
 POINTS = {
-    "writing": "data files written, metadata not yet (inside dcp.save)",
     "old_moved": "after renaming the old checkpoint to .prev, before moving the new one in",
     "new_moved": "after moving the new checkpoint in, before deleting .prev",
 }
@@ -71,15 +69,6 @@ def _pause(workdir: Path, marker: str = MARKER) -> None:
 
 def _install_pause(point: str, workdir: Path) -> None:
     target = (workdir / CHECKPOINT).absolute()
-    if point == "writing":
-        finish = dcp.FileSystemWriter.finish
-
-        def paused_finish(self, *args, **kwargs):
-            _pause(workdir)
-            return finish(self, *args, **kwargs)
-
-        mock.patch.object(dcp.FileSystemWriter, "finish", paused_finish).start()  # for the rest of the process
-        return
     rename = os.rename
 
     def paused_rename(src, dst, *args, **kwargs):

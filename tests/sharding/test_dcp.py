@@ -169,7 +169,6 @@ def test_unreadable_metadata_is_one_line(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("point, entries, loaded_from, loaded", [
-    ("writing", [".checkpoint.saving-", "checkpoint"], "checkpoint", "A"),
     ("old_moved", [".checkpoint.saving-", "checkpoint.prev"], "checkpoint.prev", "A"),
     ("new_moved", ["checkpoint", "checkpoint.prev"], "checkpoint", "B"),
 ])
