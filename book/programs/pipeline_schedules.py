@@ -14,15 +14,15 @@ each of its forwards and backwards (F, B, I, W) starts and ends, on a clock star
 barrier before the step, and rank 0 prints the median step's bubble. The step runs from
 the first compute on any rank to the last; whatever of it a rank does not compute, it
 idles (waits for an input, sends, receives, runs the schedule's own code); the bubble is
-idle over busy time, all ranks together. On Linux a rank also reads how long it was ready
-to run without a core (/proc/thread-self/schedstat): other programs on the machine make
-that wait, and it passes for a bubble. --pin-cores gives each rank a core of its own and
-one thread, so that what a rank waits for is the schedule. With --dp 2 the ranks form a
+idle over busy time, all ranks together. --pin-cores gives each rank a core of its own and
+one thread, so that what a rank waits for is the schedule; on Linux each rank then also
+reads how much CPU time other processes took on its core during the step (/proc/stat, less
+its own), since their work passes for a bubble. With --dp 2 the ranks form a
 (pp, dp) mesh: each pipeline runs half of the batch and FSDP2 shards every stage over the
 dp dimension. With --report FILE rank 0 also writes it all as JSON: "checks" (one per
 check line: name, schedule, microbatches, ok), "runs" (per schedule and micro-batch
 count, every rank's numbers and spans, and with --time a "timed" summary: every step's
-bubble, busy and idle seconds per rank and wait for a core, the median step, and the
+bubble, busy and idle seconds per rank and the others' time on its core, the median step, and the
 median seconds per chunk of each kind and stage) and "skipped".
 
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
@@ -162,13 +162,20 @@ def time_compute(stage, spans, device):
         setattr(stage, name, timed)
 
 
-def waited_for_a_core():
-    """Seconds this thread has been ready to run without a core (Linux: /proc schedstat), or None."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
+def others_on_my_core():
+    """CPU seconds so far of other processes on the one core this rank is pinned to (Linux
+    /proc/stat: the core's busy time, less this process's own), or None (not pinned, not Linux)."""
+    cores = os.sched_getaffinity(0)
+    if len(cores) != 1:
         return None
+    try:
+        with open("/proc/stat") as f:
+            line = next(line for line in f if line.startswith(f"cpu{next(iter(cores))} "))
+    except (OSError, StopIteration):
+        return None
+    user, nice, system, _, _, irq, softirq, steal = (int(x) for x in line.split()[1:9])
+    own = os.times()  # every thread of this process, gloo's included
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK") - own.user - own.system
 
 
 def bubble_of_step(ranks_spans):
@@ -236,16 +243,16 @@ def run_schedule(args, name, m, rank, mesh, device):
         spans.clear()
         dist.barrier()  # every rank starts its clock here, so that their spans line up
         synchronize(device)
-        start, waited = time.perf_counter(), waited_for_a_core()
+        start, others = time.perf_counter(), others_on_my_core()
         with meter.hooks():
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
         synchronize(device)
         if step >= args.steps:  # timed steps: no comparison
-            if waited is not None:
-                waited = waited_for_a_core() - waited
+            if others is not None:
+                others = others_on_my_core() - others
             timed.append({"spans": [(k, i, a - start, b - start) for k, i, a, b in spans],
-                          "waited_for_a_core": waited})
+                          "others_on_core": others})
             continue
         reference.zero_grad()
         reference_loss = (reference(x) - y).pow(2).mean()
@@ -337,11 +344,11 @@ def main(args):
                 report["runs"][-1]["timed"] = timed = summarise_timed(ranks)
                 if rank == 0:
                     costs = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timed["costs"].items())
-                    waited = max((w for step in timed["steps"] for w in step["waited_for_a_core"]
-                                  if w is not None), default=None)
+                    others = max((o for step in timed["steps"] for o in step["others_on_core"]
+                                  if o is not None), default=None)
                     print(f"timed: {name} m={m}: step {timed['seconds'] * 1e3:.1f} ms, bubble (idle over "
                           f"busy, all ranks) {timed['bubble']:.3f}; ms per chunk {costs}"
-                          + ("" if waited is None else f"; waited for a core {waited * 1e3:.1f} ms"),
+                          + ("" if others is None else f"; other processes on a rank's core {others * 1e3:.0f} ms"),
                           flush=True)
             report["checks"].append({"name": f"{name} on {pp} ranks x dp {args.dp}, m={m}",
                                      "schedule": name, "microbatches": m, "ok": bool(verdict.item()),
@@ -358,7 +365,7 @@ def main(args):
 def summarise_timed(ranks):
     """Every timed step's bubble from all ranks' spans, the median step, and the costs per chunk."""
     steps = [bubble_of_step([r["timed"][i]["spans"] for r in ranks]) | {
-             "waited_for_a_core": [r["timed"][i]["waited_for_a_core"] for r in ranks]}
+             "others_on_core": [r["timed"][i]["others_on_core"] for r in ranks]}
              for i in range(len(ranks[0]["timed"]))]
     median = sorted(steps, key=lambda s: s["bubble"])[len(steps) // 2]
     return {"seconds": median["seconds"], "bubble": median["bubble"], "steps": steps,

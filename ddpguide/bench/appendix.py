@@ -86,7 +86,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         **{f"bubble_measured_over_formula_{s}": Anchor(f"{s}: idle/busy measured / formula", "", "0.8-1.25")
            for s in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                      "ZBVZeroBubble", "DualPipeV")},
-        "quiet_step_share": Anchor("timed steps with no rank waiting for a core over 1 % of it", "", ">= 0.5"),
+        "quiet_step_share": Anchor("timed steps with other processes at most 2 % of each rank's core", "", ">= 0.5"),
     },
     "amp": {
         "bf16_over_fp32_time": Anchor("bf16 autocast / fp32 step time", "0.70 (CPU, measured before)", "< 1"),

@@ -11,9 +11,9 @@ from ddpguide.bench.report import Report
 from ddpguide.pipeline import zoo
 
 
-def timed(bubbles, seconds=0.2, waited=0.0):
-    """The program's timed summary: one step per bubble, each rank waiting ``waited`` for a core."""
-    return {"steps": [{"seconds": seconds, "bubble": b, "waited_for_a_core": [waited, waited]} for b in bubbles],
+def timed(bubbles, seconds=0.2, others=0.0):
+    """The program's timed summary: one step per bubble, other processes ``others`` s on each rank's core."""
+    return {"steps": [{"seconds": seconds, "bubble": b, "others_on_core": [others, None]} for b in bubbles],
             "costs": {"F0": 0.010, "F1": 0.010, "I1": 0.011, "W1": 0.012, "I0": 0.0, "W0": 0.023}}
 
 
@@ -21,8 +21,8 @@ def test_ratios_come_from_the_quiet_timed_steps(monkeypatch):
     m = suite.plan(True)["microbatches"]
     one_f_one_b = float(zoo.bubble_formula("1F1B", 2, m))
     steps = {s: timed([0.3, 0.3, 0.3]) for s in zoo.SCHEDULES}
-    # 1F1B: two quiet steps at 1.1 x the formula, one step in which a rank waited 10 % for a core
-    steps["1F1B"] = {"steps": timed([1.1 * one_f_one_b] * 2)["steps"] + timed([5.0], waited=0.02)["steps"],
+    # 1F1B: two quiet steps at 1.1 x the formula, one in which others took 10 % of a rank's core
+    steps["1F1B"] = {"steps": timed([1.1 * one_f_one_b] * 2)["steps"] + timed([5.0], others=0.02)["steps"],
                      "costs": steps["1F1B"]["costs"]}
     steps["Interleaved1F1B"] = timed([0.2] * 3, seconds=0.1)
     steps["InterleavedZeroBubble"] = timed([0.11 * one_f_one_b] * 3)
@@ -40,7 +40,7 @@ def test_ratios_come_from_the_quiet_timed_steps(monkeypatch):
 
 
 def test_with_no_quiet_step_every_step_counts_and_the_notes_say_so(monkeypatch):
-    monkeypatch.setattr(suite, "measure_round", lambda plan: {s: timed([0.5, 0.7, 0.9], waited=0.1)
+    monkeypatch.setattr(suite, "measure_round", lambda plan: {s: timed([0.5, 0.7, 0.9], others=0.1)
                                                                for s in zoo.SCHEDULES})
     report = Report("pipeline_schedules")
     suite.add_to(report, quick=True)

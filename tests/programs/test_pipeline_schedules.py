@@ -85,7 +85,22 @@ def check_timed(report, out, pp):
         step = program.bubble_of_step([r["timed"][0]["spans"] for r in done["ranks"]])
         assert timed["bubble"] == step["bubble"] == timed["steps"][0]["bubble"]
         assert f"{step['bubble']:.3f}" == printed[f"{name} m={m}"]
-        assert all(w is None or w >= 0 for w in timed["steps"][0]["waited_for_a_core"])
+        assert timed["steps"][0]["others_on_core"] == [None, None]  # not pinned: no core to read
+
+
+def test_others_on_the_core_are_read_only_where_the_rank_is_pinned():
+    program = load_program(PROGRAM_PATH)
+    cores = os.sched_getaffinity(0)
+    if len(cores) > 1:
+        assert program.others_on_my_core() is None
+    try:
+        os.sched_setaffinity(0, {min(cores)})
+        before = program.others_on_my_core()
+        sum(i * i for i in range(200_000))  # this process's own work is not the others'
+        after = program.others_on_my_core()
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert isinstance(before, float) and after - before > -0.05  # ticks of 10 ms on both counters
 
 
 def test_the_bubble_of_a_step_is_idle_over_busy_from_first_compute_to_last():
