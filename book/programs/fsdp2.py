@@ -1,6 +1,9 @@
 """FSDP2: every parameter, gradient and optimizer state split over the ranks (ZeRO stage 3).
 
 Run:  torchrun --standalone --nproc-per-node=2 fsdp2.py
+      torchrun --standalone --nproc-per-node=2 fsdp2.py --report report.json
+                (rank 0 also writes the checks, every rank's shards, the collectives and the
+                 mixed-precision dtypes as JSON)
 
 fully_shard() is called on each layer, then on the whole model. Each parameter
 becomes a DTensor with placement Shard(0): every rank stores a slice of rows.
@@ -12,7 +15,9 @@ collectives of one step, and checks the result against one process.
 Source: PyTorch's FSDP2 (fully_shard) documentation and the ZeRO paper (no seed article covers sharding).
 """
 
+import argparse
 import datetime
+import json
 import os
 import sys
 import warnings
@@ -81,7 +86,31 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def main():
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Checked before any process group: where the report goes must exist."""
+    parser = Parser(prog="fsdp2.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the checks and what they counted here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    return args
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
+def main(args):
     device = rank_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -96,10 +125,14 @@ def main():
     mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # this rank's samples
 
     model = shard(make_model().to(device), mesh)
+    shards = []
     for name, p in model.named_parameters():
         print(f"[rank {rank}] {name:8s} global {tuple(p.shape)} -> local {tuple(p.to_local().shape)}, "
               f"placements {p.placements}\n", end="", flush=True)  # one write: the ranks' lines never mix
-    dist.barrier()
+        shards.append({"name": name, "global": list(p.shape), "local": list(p.to_local().shape),
+                       "placements": str(p.placements)})
+    ranks = [None] * world
+    dist.all_gather_object(ranks, {"rank": rank, "parameters": shards})  # every rank's, for --report
 
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     for _ in range(STEPS):
@@ -144,13 +177,21 @@ def main():
     if rank == 0:
         print(f"mixed precision: stored {mixed[0].weight.dtype}, computed {seen['computed']}, "
               f"output {output.dtype}, gradient {mixed[0].weight.grad.dtype}")
-        ok = difference <= 1e-12
-        print(f"check {'passed' if ok else 'FAILED'}: FSDP2 on {world} ranks equals one process "
-              f"on the full batch, max |difference| {difference:.1e} <= 1e-12")
-        ok_comms = "_reduce_scatter_base_" in backward and "_allgather_base_" in forward
-        print(f"check {'passed' if ok_comms else 'FAILED'}: all-gathers in forward, "
-              "reduce-scatters in backward")
-        ok = ok and ok_comms
+        checks = [{"name": f"FSDP2 on {world} ranks equals one process on the full batch",
+                   "ok": difference <= 1e-12, "difference": difference, "tolerance": 1e-12},
+                  {"name": "all-gathers in forward, reduce-scatters in backward",
+                   "ok": "_reduce_scatter_base_" in backward and "_allgather_base_" in forward}]
+        print(f"check {'passed' if checks[0]['ok'] else 'FAILED'}: {checks[0]['name']}, "
+              f"max |difference| {difference:.1e} <= 1e-12")
+        print(f"check {'passed' if checks[1]['ok'] else 'FAILED'}: {checks[1]['name']}")
+        ok = all(check["ok"] for check in checks)
+        if args.report:
+            write_report(args.report, {
+                "program": "fsdp2.py", "world": world, "checks": checks, "ranks": ranks,
+                "collectives": {"forward": forward, "backward": backward, "optimizer.step": update,
+                                "backward, reshard_after_forward=False": kept_backward},
+                "mixed_precision": {"stored": str(mixed[0].weight.dtype), "computed": str(seen["computed"]),
+                                    "output": str(output.dtype), "gradient": str(mixed[0].weight.grad.dtype)}})
     else:
         ok = True
     dist.destroy_process_group()
@@ -159,4 +200,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

@@ -1,6 +1,8 @@
 """What a real FSDP2 training script needs beyond fully_shard, each checked on 2 ranks.
 
 Run:  torchrun --standalone --nproc-per-node=2 fsdp2_recipes.py
+      torchrun --standalone --nproc-per-node=2 fsdp2_recipes.py --report report.json
+                (rank 0 also writes the checks as JSON, each with what it counted)
 
 1. Initial weights: fully_shard does not broadcast them (DDP does). Each rank
    keeps its own rows, so ranks seeded differently train a model that never existed.
@@ -15,12 +17,15 @@ Run:  torchrun --standalone --nproc-per-node=2 fsdp2_recipes.py
    backward, and as many all-gathers (the recomputation reruns each block's MLP inside
    the FSDP unit, whose parameters are gathered for backward anyway: no hook fires again).
 
-Every check prints `check passed: ...` or `check FAILED: ...`.
+Every check prints `check passed: ...` or `check FAILED: ...`, passed only if it passed on
+every rank.
 Source: PyTorch's FSDP2 API reference and the torch.distributed.checkpoint.state_dict API.
 """
 
+import argparse
 import copy
 import datetime
+import json
 import os
 import sys
 import warnings
@@ -41,7 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 torch.set_default_dtype(torch.float64)  # tight comparisons with one process (1e-12)
 DIM, VOCAB, BATCH, LR = 16, 12, 8, 0.1
-FAILED = []
+CHECKS = []  # every check: its name, whether it passed on every rank, what it counted
 DEVICE = torch.device("cpu")  # main() sets the rank's GPU when every rank has one
 
 
@@ -96,11 +101,14 @@ def difference(a, b):
     return max((a[n] - b[n]).abs().max().item() for n in b)
 
 
-def check(ok, message):
+def check(ok, message, **counted):
+    """Print one check line (rank 0) and keep it for --report; it passes if it passed on every rank."""
+    verdict = torch.tensor([int(bool(ok))], device=DEVICE)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+    ok = bool(verdict.item())
     if dist.get_rank() == 0:
         print(f"check {'passed' if ok else 'FAILED'}: {message}", flush=True)
-    if not ok:
-        FAILED.append(message)
+    CHECKS.append({"name": message, "ok": ok, **counted})
 
 
 def data(steps, micro=1):
@@ -156,11 +164,12 @@ def accumulation_and_clipping(mesh, rank, world):
         optimizer.step(), optimizer.zero_grad()
         reference_optimizer.step(), reference_optimizer.zero_grad()
     check(reduce_scatters == [0, 4, 0, 4], f"set_requires_gradient_sync(False) skips the reduce-scatters: "
-          f"per micro-batch {reduce_scatters} (4 units)")
+          f"per micro-batch {reduce_scatters} (4 units)", reduce_scatters_per_micro_batch=reduce_scatters)
     diff = difference(full(model), dict(reference.named_parameters()))
     check(max(norms) <= 1e-12 and diff <= 1e-12,
           f"2 micro-batches per step, clipped to norm 0.5: the norms and the weights after 2 steps equal "
-          f"one process's (max |difference| {max(max(norms), diff):.1e} <= 1e-12)")
+          f"one process's (max |difference| {max(max(norms), diff):.1e} <= 1e-12)",
+          difference=max(max(norms), diff), tolerance=1e-12)
 
 
 def full_checkpoint(mesh, rank):
@@ -191,7 +200,7 @@ def meta_init(mesh, rank, saved, device):
     total = sum(p.numel() for p in saved.values())
     check(on_meta and local < total and difference(full(model), saved) == 0,
           f"built on the meta device, sharded, then filled: this rank allocated {local} of {total} "
-          "elements and the model equals the checkpoint")
+          "elements and the model equals the checkpoint", allocated=local, elements=total)
 
 
 def tied_weights(mesh, rank, world):
@@ -208,7 +217,7 @@ def tied_weights(mesh, rank, world):
     diff = difference(full(model), dict(reference.named_parameters()))
     check(shared and len(list(model.parameters())) == len(list(reference.parameters())) and diff <= 1e-12,
           f"tied weights in the root unit stay one parameter and train as in one process "
-          f"(3 Adam steps, max |difference| {diff:.1e} <= 1e-12)")
+          f"(3 Adam steps, max |difference| {diff:.1e} <= 1e-12)", difference=diff, tolerance=1e-12)
 
 
 def activation_checkpointing(mesh, rank, world):
@@ -235,7 +244,8 @@ def activation_checkpointing(mesh, rank, world):
               f"forward; all-gathers per step {plain_gathers} -> {ac_gathers}", flush=True)
     check(difference(ac_grads, plain_grads) <= 1e-12 and ac_bytes < plain_bytes and ac_gathers == plain_gathers,
           "checkpointed blocks give the same gradients (1e-12), save fewer bytes for backward and "
-          "all-gather as often")
+          "all-gather as often", saved_bytes={"plain": plain_bytes, "checkpointed": ac_bytes},
+          all_gathers_per_step={"plain": plain_gathers, "checkpointed": ac_gathers})
 
 
 def model_grads(model):
@@ -268,7 +278,31 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def main():
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Checked before any process group: where the report goes must exist."""
+    parser = Parser(prog="fsdp2_recipes.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the checks and what they counted here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    return args
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
+def main(args):
     device = rank_device()
     use_gpu = device.type == "cuda"
     if use_gpu:
@@ -286,10 +320,12 @@ def main():
     meta_init(mesh, rank, saved, device)
     tied_weights(mesh, rank, world)
     activation_checkpointing(mesh, rank, world)
+    if args.report and rank == 0:
+        write_report(args.report, {"program": "fsdp2_recipes.py", "world": world, "checks": CHECKS})
     dist.destroy_process_group()
-    if FAILED:
+    if not all(c["ok"] for c in CHECKS):
         raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

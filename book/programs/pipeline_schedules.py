@@ -8,18 +8,28 @@ model and runs the whole batch in one process; after each step it compares the l
 and every parameter's gradient of its stages with that one process.
 
 For each schedule a rank prints one line: the largest gradient and loss differences,
-the activations its stages held at the peak (in chunks: one micro-batch through one
-stage), and with --time the step time and the share of it spent in forwards and
-backwards (--pin-cores gives each rank a core of its own and one thread, so that
-what a rank waits for is the schedule). With --dp 2 the ranks form a (pp, dp) mesh: each
-pipeline runs half of the batch and FSDP2 shards every stage over the dp dimension. With
---report FILE rank 0 also writes it all as JSON: "checks" (one per check line: name,
-schedule, microbatches, ok), "runs" (per schedule and micro-batch count, every rank's
-numbers) and "skipped".
+and the activations its stages held at the peak (in chunks: one micro-batch through one
+stage). With --time N, N timed steps follow the checked ones: each rank records when
+each of its forwards and backwards (F, B, I, W) starts and ends, on a clock started at a
+barrier before the step, and rank 0 prints the median step's bubble. The step runs from
+the first compute on any rank to the last; whatever of it a rank does not compute, it
+idles (waits for an input, sends, receives, runs the schedule's own code); the bubble is
+idle over busy time, all ranks together. --pin-cores gives each rank a core of its own and
+one thread, so that what a rank waits for is the schedule; on Linux each rank then also
+reads how much CPU time other processes took on its core during the step (/proc/stat, less
+its own), since their work passes for a bubble. With --dp 2 the ranks form a
+(pp, dp) mesh: each pipeline runs half of the batch and FSDP2 shards every stage over the
+dp dimension. With --report FILE rank 0 also writes it all as JSON: "checks" (one per
+check line: name, schedule, microbatches, ok), "runs" (per schedule and micro-batch
+count, every rank's numbers and spans, and with --time a "timed" summary: every step's
+bubble, busy and idle seconds per rank and the others' time on its core, the median step, and the
+median seconds per chunk of each kind and stage) and "skipped".
 
 Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule 1F1B DualPipeV
+      torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --pin-cores --time 5 \
+          --microbatches 4 --blocks 32 --microbatch-size 256 --width 1024
 
 From the source: there is no seed article. The schedules are torch 2.14.1's own
 (torch/distributed/pipelining/schedules.py, after the papers their docstrings name);
@@ -133,20 +143,61 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def time_compute(stage, totals, device):
-    """Add the seconds a stage spends in each forward and backward to totals[0]."""
-    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+def time_compute(stage, spans, device):
+    """Append (kind, stage, start, end) to spans for each forward (F), full backward (B),
+    backward-input (I) and backward-weight (W) of a stage, in seconds on this rank's clock."""
+    kinds = {"forward_one_chunk": lambda kw: "F", "backward_weight_one_chunk": lambda kw: "W",
+             "backward_one_chunk": lambda kw: "B" if kw.get("full_backward", True) else "I"}
+    for name, kind in kinds.items():
         method = getattr(stage, name)
 
-        def timed(*args, _method=method, **kwargs):
+        def timed(*args, _method=method, _kind=kind, **kwargs):
             synchronize(device)
             start = time.perf_counter()
             try:
                 return _method(*args, **kwargs)
             finally:
                 synchronize(device)
-                totals[0] += time.perf_counter() - start
+                spans.append((_kind(kwargs), stage.stage_index, start, time.perf_counter()))
         setattr(stage, name, timed)
+
+
+def others_on_my_core():
+    """CPU seconds so far of other processes on the one core this rank is pinned to (Linux
+    /proc/stat: the core's busy time, less this process's own), or None (not pinned, not Linux)."""
+    cores = os.sched_getaffinity(0)
+    if len(cores) != 1:
+        return None
+    try:
+        with open("/proc/stat") as f:
+            line = next(line for line in f if line.startswith(f"cpu{next(iter(cores))} "))
+    except (OSError, StopIteration):
+        return None
+    user, nice, system, _, _, irq, softirq, steal = (int(x) for x in line.split()[1:9])
+    own = os.times()  # every thread of this process, gloo's included
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK") - own.user - own.system
+
+
+def bubble_of_step(ranks_spans):
+    """Idle over busy time of one step, all ranks together, from each rank's compute spans.
+
+    Each rank's clock starts at the barrier before the step, so the ranks' spans line up.
+    The step runs from the first compute on any rank to the last; what a rank does not
+    compute of it, it idles (waits for an input, sends, receives, the schedule's own code).
+    """
+    spans = [s for rank in ranks_spans for s in rank]
+    first, last = min(s[2] for s in spans), max(s[3] for s in spans)
+    busy = [sum(end - start for *_, start, end in rank) for rank in ranks_spans]
+    idle = [last - first - b for b in busy]
+    return {"seconds": last - first, "busy": busy, "idle": idle, "bubble": sum(idle) / sum(busy)}
+
+
+def costs_of(ranks_spans):
+    """The median seconds of each kind of compute (F, B, I, W) per stage, over all ranks."""
+    found = {}
+    for kind, stage, start, end in (s for rank in ranks_spans for s in rank):
+        found.setdefault(f"{kind}{stage}", []).append(end - start)
+    return {key: sorted(values)[len(values) // 2] for key, values in sorted(found.items())}
 
 
 def run_schedule(args, name, m, rank, mesh, device):
@@ -176,29 +227,33 @@ def run_schedule(args, name, m, rank, mesh, device):
     schedule = cls(stages if name not in SINGLE else stages[0], m, loss_fn=loss_fn,
                    scale_grads=False)  # the loss is already divided by the whole batch
     meter = ActivationMeter((args.microbatch_size, args.width))
-    busy = [0.0]
+    spans = []  # this step's compute: (kind, stage, start, end)
     for stage in stages:
-        time_compute(stage, busy, device)
+        time_compute(stage, spans, device)
     worst_grad = worst_loss = 0.0
-    step_seconds, busy_seconds = [], []
+    timed = []  # per timed step: this rank's spans on a clock started at the barrier before it
     for step in range(args.steps + args.time):
         x, y = (t.to(device) for t in batch(step, local * dp, args.width))
+        x.requires_grad_()  # stage 0 computes its input's gradient too: every stage costs the same
         mine = slice(dp_rank * local, (dp_rank + 1) * local)
         for part in parts:
             part.zero_grad()
         losses = []
         meter.held = meter.peak = 0
-        busy[0] = 0.0
+        spans.clear()
+        dist.barrier()  # every rank starts its clock here, so that their spans line up
         synchronize(device)
-        start = time.perf_counter()
+        start, others = time.perf_counter(), others_on_my_core()
         with meter.hooks():
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
         synchronize(device)
-        step_seconds.append(time.perf_counter() - start)
-        busy_seconds.append(busy[0])
-        if step >= args.steps:
-            continue  # timed steps: no comparison
+        if step >= args.steps:  # timed steps: no comparison
+            if others is not None:
+                others = others_on_my_core() - others
+            timed.append({"spans": [(k, i, a - start, b - start) for k, i, a, b in spans],
+                          "others_on_core": others})
+            continue
         reference.zero_grad()
         reference_loss = (reference(x) - y).pow(2).mean()
         reference_loss.backward()
@@ -223,10 +278,7 @@ def run_schedule(args, name, m, rank, mesh, device):
              "loss_difference": worst_loss if n_stages - 1 in indices else None,
              "peak_activation_chunks": meter.peak / chunk}
     if args.time:
-        timed = sorted(list(zip(step_seconds, busy_seconds))[args.steps:])
-        step_s, busy_s = timed[len(timed) // 2]  # the median step, and its busy time
-        line += f"; step {step_s * 1e3:.2f} ms, busy {busy_s * 1e3:.2f} ms"
-        found |= {"step_seconds": step_s, "busy_seconds": busy_s}
+        found["timed"] = timed
     return line, max(worst_grad, worst_loss) <= args.tolerance, found
 
 
@@ -288,6 +340,16 @@ def main(args):
             ranks = [None] * world
             dist.all_gather_object(ranks, found)  # every rank's numbers, for --report
             report["runs"].append({"schedule": name, "microbatches": m, "ranks": ranks})
+            if args.time:
+                report["runs"][-1]["timed"] = timed = summarise_timed(ranks)
+                if rank == 0:
+                    costs = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in timed["costs"].items())
+                    others = max((o for step in timed["steps"] for o in step["others_on_core"]
+                                  if o is not None), default=None)
+                    print(f"timed: {name} m={m}: step {timed['seconds'] * 1e3:.1f} ms, bubble (idle over "
+                          f"busy, all ranks) {timed['bubble']:.3f}; ms per chunk {costs}"
+                          + ("" if others is None else f"; other processes on a rank's core {others * 1e3:.0f} ms"),
+                          flush=True)
             report["checks"].append({"name": f"{name} on {pp} ranks x dp {args.dp}, m={m}",
                                      "schedule": name, "microbatches": m, "ok": bool(verdict.item()),
                                      "tolerance": args.tolerance})
@@ -298,6 +360,16 @@ def main(args):
         write_report(args.report, report)
     dist.destroy_process_group()
     return 0 if all_ok else 1
+
+
+def summarise_timed(ranks):
+    """Every timed step's bubble from all ranks' spans, the median step, and the costs per chunk."""
+    steps = [bubble_of_step([r["timed"][i]["spans"] for r in ranks]) | {
+             "others_on_core": [r["timed"][i]["others_on_core"] for r in ranks]}
+             for i in range(len(ranks[0]["timed"]))]
+    median = sorted(steps, key=lambda s: s["bubble"])[len(steps) // 2]
+    return {"seconds": median["seconds"], "bubble": median["bubble"], "steps": steps,
+            "costs": costs_of([step["spans"] for r in ranks for step in r["timed"]])}
 
 
 def write_report(path, report):

@@ -1,6 +1,9 @@
 """ZeRO stage 1: DDP for the gradients, ZeroRedundancyOptimizer for Adam's state.
 
 Run:  torchrun --standalone --nproc-per-node=2 zero1.py
+      torchrun --standalone --nproc-per-node=2 zero1.py --report report.json
+                (rank 0 also writes the check and every rank's share as JSON: "checks",
+                 with the difference and the bytes of Adam state, and "ranks", what each owns)
 
 Every rank keeps the whole model and, after DDP's all-reduce (P -> B), the
 whole gradient. Adam's two moments, 8 bytes per parameter in float32, are kept
@@ -12,7 +15,9 @@ checks that against one process trained on the full batch.
 Source: PyTorch's ZeroRedundancyOptimizer documentation and the ZeRO paper (no seed article covers sharding).
 """
 
+import argparse
 import datetime
+import json
 import os
 import sys
 
@@ -64,7 +69,31 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def main():
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Checked before any process group: where the report goes must exist."""
+    parser = Parser(prog="zero1.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the check and every rank's share here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    return args
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
+def main(args):
     device = rank_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -91,7 +120,8 @@ def main():
     # newline separately, and the other rank's line could land between the two.
     print(f"[rank {rank}] owns {', '.join(owned)}: Adam state {state_bytes(optimizer.optim)} bytes\n",
           end="", flush=True)
-    dist.barrier()
+    shares = [None] * world
+    dist.all_gather_object(shares, {"rank": rank, "owns": owned, "adam_state_bytes": state_bytes(optimizer.optim)})
 
     # The same training in one process on the full batch, with plain Adam.
     reference = make_model().to(device)
@@ -109,12 +139,18 @@ def main():
     if rank == 0:
         print(f"one process keeps {state_bytes(reference_optimizer)} bytes of Adam state; "
               f"the {world} ranks together keep {total.item()}")
-        print(f"check {'passed' if ok else 'FAILED'}: ZeRO-1 on {world} ranks equals one process "
-              f"on the full batch, max |difference| {difference:.1e} <= 1e-12")
+        name = f"ZeRO-1 on {world} ranks equals one process on the full batch"
+        print(f"check {'passed' if ok else 'FAILED'}: {name}, max |difference| {difference:.1e} <= 1e-12")
+        if args.report:
+            write_report(args.report, {
+                "program": "zero1.py", "world": world, "ranks": shares,
+                "checks": [{"name": name, "ok": ok, "difference": difference, "tolerance": 1e-12,
+                            "adam_state_bytes": {"ranks together": int(total.item()),
+                                                 "one process": state_bytes(reference_optimizer)}}]})
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

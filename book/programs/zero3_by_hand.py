@@ -1,6 +1,9 @@
 """ZeRO stage 3 by hand: what FSDP does, in plain torch.distributed.
 
 Run:  torchrun --standalone --nproc-per-node=2 zero3_by_hand.py
+      torchrun --standalone --nproc-per-node=2 zero3_by_hand.py --report report.json
+                (rank 0 also writes the check, every rank's shards, the collectives of one
+                 step and the bytes held between steps as JSON)
 
 Each rank keeps a flat S(0) shard of every parameter: the parameter is
 flattened, padded with zeros to a multiple of the number of ranks, and rank r
@@ -22,7 +25,9 @@ parameters are freed: read the shards, or gather them.
 Source: the ZeRO paper's stage 3 (no seed article covers sharding).
 """
 
+import argparse
 import datetime
+import json
 import os
 import sys
 from collections import Counter
@@ -156,7 +161,31 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
-def main():
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse_args(argv=None):
+    """Checked before any process group: where the report goes must exist."""
+    parser = Parser(prog="zero3_by_hand.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--report", help="also write the check and what it counted here, as JSON")
+    args = parser.parse_args(argv)
+    if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+        parser.error(f"--report {args.report}: no folder {os.path.dirname(os.path.abspath(args.report))}")
+    return args
+
+
+def write_report(path, report):
+    """--report FILE: the JSON written whole (a temporary file, then renamed over FILE)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(f"{path}.tmp", path)
+
+
+def main(args):
     device = rank_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -176,9 +205,11 @@ def main():
         padding = s.shard_numel * world - s.numel
         print(f"[rank {rank}] {name:8s} {s.numel:3d} elements -> shard of {s.shard_numel}"
               + (f" (the flat tensor ends with {padding} zero{'s' * (padding > 1)} of padding)"
-                 if padding else ""),
-              flush=True)
-    dist.barrier()
+                 if padding else "") + "\n", end="", flush=True)  # one write: the ranks' lines never mix
+    ranks = [None] * world
+    dist.all_gather_object(ranks, {"rank": rank, "parameters": [  # every rank's, for --report
+        {"name": name, "elements": s.numel, "shard": s.shard_numel, "padding": s.shard_numel * world - s.numel}
+        for name, s in zip(names, shards)]})
 
     optimizer = torch.optim.Adam([s.shard for s in shards], lr=LR)
     for _ in range(STEPS):
@@ -210,12 +241,18 @@ def main():
               "parameters")
     ok = difference <= 1e-12 and held == 0
     if rank == 0:
-        print(f"check {'passed' if ok else 'FAILED'}: ZeRO-3 by hand on {world} ranks equals one "
-              f"process on the full batch, max |difference| {difference:.1e} <= 1e-12")
+        name = f"ZeRO-3 by hand on {world} ranks equals one process on the full batch"
+        print(f"check {'passed' if ok else 'FAILED'}: {name}, max |difference| {difference:.1e} <= 1e-12")
+        if args.report:
+            write_report(args.report, {
+                "program": "zero3_by_hand.py", "world": world, "ranks": ranks,
+                "collectives_of_one_step": one_step,
+                "between_steps": {"shard_bytes": shard_bytes, "full_parameter_bytes": held},
+                "checks": [{"name": name, "ok": ok, "difference": difference, "tolerance": 1e-12}]})
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    main()
+    main(parse_args())

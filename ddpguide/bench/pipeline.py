@@ -138,11 +138,17 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
     report.ratios["bubble_efficiency"] = single / best_seed["seconds"] / 2
     report.ratios["bubble_bound"] = m / (m + 1)
     report.ratios["stage_balance_bound"] = (s0 + s1) / (2 * max(s0, s1))
+    if best_seed["split_size"] == plan.profile_size:  # the stages were timed at this micro-batch size
+        report.ratios["stage_work_efficiency"] = m * (s0 + s1) / (2 * best_seed["seconds"])
     report.notes += [
         "speed-ups are time ratios against 1 process x 1 thread; bubble_efficiency is "
         "pipeline_speedup / 2 (work per core) at the best seed-split run, bubble_bound its "
         "m/(m+p-1) and stage_balance_bound (s0+s1)/(2 max(s0, s1)) of the seed split; "
-        "stage times are CPU time of one thread",
+        "stage times are CPU time of one thread. bubble_bound holds for the work the pipeline "
+        "does, m micro-batches through both stages (stage_work_efficiency, m (s0+s1) / (2 x step), "
+        "when the stages were timed at the run's micro-batch size); bubble_efficiency measures "
+        "against one process on the whole batch, which costs more than the micro-batches' sum "
+        "when a small batch is cheaper per sample, and can then exceed it",
         f"balanced split: stage 1 from {balanced}"
         + (" (the seed's own cut is already the most balanced)" if balanced == SEED_SPLIT else ""),
         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} "
@@ -158,7 +164,7 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
 
         fig = Figure(figsize=(7, 4))
         plot_sweep(rows, t, case, plot_path, ax=fig.add_subplot(), baseline_ranges=ranges)
-        report.notes.append(f"split-size trade-off plot: {Path(plot_path).resolve()}")
+        report.notes.append(f"split-size trade-off plot: {plot_path} (written by the run, not kept)")
     return report
 
 

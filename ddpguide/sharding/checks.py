@@ -24,12 +24,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpguide.core.models import mlp
 from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sbp.boxing_by_hand import collective_names
-from ddpguide.sharding.memory import measure
+from ddpguide.sharding.memory import measure, step_peaks
 from ddpguide.sharding.strategies import build, check_strategy
 from ddpguide.sharding.zero3 import ShardedModel
 
@@ -203,6 +204,50 @@ def program_collectives(program: str = PROGRAM, seed: int = 0) -> dict[str, dict
     return counts
 
 
+class _Order(TorchDispatchMode):
+    """The order of FSDP2's all-gathers (``AG``) and reduce-scatters (``RS``) and of the layers'
+    matrix products (``mm``), with ``F<i>``/``B<i>`` where layer i's forward or backward starts."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        mark = {"_allgather_base_": "AG", "_reduce_scatter_base_": "RS", "mm": "mm", "addmm": "mm"}.get(name)
+        if mark:
+            self.events.append(mark)
+        return func(*args, **(kwargs or {}))
+
+
+def fsdp2_order(widths: Sequence[int] = (64,) * 5, seed: int = 0) -> dict[str, list[str]]:
+    """On each rank: what FSDP2 issues in the forward and backward of the third step, in order
+    (:class:`_Order`), on ``fully_shard`` per Linear and on the root."""
+    _quiet()
+    torch.manual_seed(seed)
+    trainer = build("fsdp2", mlp(tuple(widths)))
+    x, y = _data(seed, BATCH, widths, torch.float32)
+    for _ in range(2):
+        trainer.step(x, y, nn.functional.mse_loss)
+    order = _Order()
+    layers = [m for m in trainer.model.modules() if isinstance(m, nn.Linear)]
+    def mark(label: str) -> Callable[..., None]:
+        return lambda *_: order.events.append(label)
+
+    hooks = [hook for i, layer in enumerate(layers) for hook in (
+        layer.register_forward_pre_hook(mark(f"F{i}")), layer.register_full_backward_pre_hook(mark(f"B{i}")))]
+    trainer.optimizer.zero_grad(set_to_none=True)
+    with order:
+        loss = nn.functional.mse_loss(trainer.model(x), y)
+        forward = list(order.events)
+        order.events.clear()
+        loss.backward()
+    for hook in hooks:
+        hook.remove()
+    dist.barrier()
+    return {"forward": forward, "backward": order.events}
+
+
 class _Tied(nn.Module):
     """Two layers that share one weight (as tied embeddings do)."""
 
@@ -231,8 +276,8 @@ def refusals() -> dict[str, tuple[str, str]]:
 
 
 PARTS: dict[str, Callable[[], object]] = {"equivalence": equivalence, "collectives": collectives,
-                                          "memory": measure, "refusals": refusals,
-                                          "program": program_collectives}
+                                          "memory": measure, "peak": step_peaks, "refusals": refusals,
+                                          "program": program_collectives, "order": fsdp2_order}
 
 
 def check_parts(parts: Sequence[str]) -> list[str]:

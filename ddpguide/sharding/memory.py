@@ -12,7 +12,8 @@ moments), 16 bytes in all. With N ranks:
 
 :func:`count` measures what a rank really holds by adding up the bytes of its
 local tensors (``to_local()`` of a DTensor); :func:`measure` does it for every
-strategy on the ranks of a spawn.
+strategy on the ranks of a spawn. :func:`step_peaks` measures the memory *inside* a
+step: the bytes alive at its peak, by kind, as PyTorch's own tracker counts them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpguide.core.models import mlp
 from ddpguide.sharding.strategies import STRATEGIES, ZERO_STAGE, Trainer, build
@@ -87,6 +89,70 @@ def measure(strategies: Sequence[str] = ("ddp", "zero1", "zero2_hand", "zero3_ha
                         "formula": formula(ZERO_STAGE[name], numel, world)})
         dist.barrier()
     return records
+
+
+def step_peaks(strategies: Sequence[str] = ("ddp", "zero1", "zero2_hand", "zero3_hand", "fsdp2"),
+               widths: Sequence[int] = MEMORY_WIDTHS, batch: int = 8, seed: int = 0) -> list[dict]:
+    """On each rank of a spawn: the bytes alive at the peak of one float32 Adam step, by kind.
+
+    Counted by ``torch.distributed._tools``' ``MemTracker`` (``FSDPMemTracker`` for FSDP2,
+    which also names the gathered parameters and the all-gather and reduce-scatter
+    buffers): every tensor of the model and optimizer (and the shards of the hand-written
+    ZeRO, which the optimizer updates: "Other") and every tensor the step creates, while it
+    lives. The step counted is the third (the first makes Adam's state; DDP
+    rebuilds its buckets in the second). DDP's flat gradient buckets, made before, are
+    outside the tracker's view: ``ddp_buckets`` adds their bytes from DDP's own record.
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(seed)
+    inputs, targets = torch.randn(batch, widths[0]), torch.randn(batch, widths[-1])
+    records = []
+    for name in strategies:
+        torch.manual_seed(seed)
+        trainer = build(name, mlp(tuple(widths), dtype=torch.float32))
+        for _ in range(2):
+            trainer.step(inputs, targets, nn.functional.mse_loss)
+        tracker: MemTracker
+        if name == "fsdp2":
+            tracker = FSDPMemTracker(trainer.model, trainer.optimizer)
+        else:
+            tracker = MemTracker()  # the hand-written shards are the optimizer's, not the model's
+            shards = [sh.shard for sh in trainer.sharded.shards] if trainer.sharded is not None else []
+            tracker.track_external(trainer.model, trainer.optimizer, *shards)
+        with tracker:
+            trainer.step(inputs, targets, nn.functional.mse_loss)
+        (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
+        buckets = trainer.model._get_ddp_logging_data().get("bucket_sizes", "") \
+            if isinstance(trainer.model, DDP) else ""
+        records.append({"strategy": name, "world_size": world, "rank": rank,
+                        "kinds": {getattr(kind, "value", kind): n for kind, n in peak.items()},
+                        "ddp_buckets": sum(int(b) for b in str(buckets).split(",") if b),
+                        "between_steps": sum(v for k, v in count(trainer).items() if k in KINDS),
+                        "layer_bytes": tensor_bytes(mlp(tuple(widths[:2]), dtype=torch.float32).parameters())})
+        dist.barrier()
+    return records
+
+
+def peak_table(records: Sequence[dict], rank: int = 0) -> list[dict]:
+    """One row per (strategy, world size): rank ``rank``'s state between steps and its peak
+    inside a step, in KiB, with the parameters held at the peak (full or gathered)."""
+    rows = []
+    for r in records:
+        if r["rank"] != rank:
+            continue
+        kinds = r["kinds"]
+        gathered = kinds.get("Unsharded Param", kinds.get("Parameter", 0))
+        rows.append({"strategy": LABELS.get(r["strategy"], r["strategy"]), "ranks": r["world_size"],
+                     "between steps KiB": _kib(r["between_steps"]),
+                     "peak in the step KiB": _kib(kinds["Total"] + r["ddp_buckets"]),
+                     "of it: parameters KiB": _kib(gathered + kinds.get("Sharded Param", kinds.get("Other", 0))),
+                     "gathered layers": round(kinds["Unsharded Param"] / r["layer_bytes"], 2)
+                     if "Unsharded Param" in kinds else "-",
+                     "DDP buckets KiB": _kib(r["ddp_buckets"])})
+    return rows
 
 
 def table(records: Sequence[dict], rank: int = 0) -> list[dict]:

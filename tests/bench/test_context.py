@@ -7,8 +7,11 @@ import math
 
 import pytest
 
+from ddpguide.bench.appendix import ANCHORS
+
 RATIOS = ("ring_over_full_time_2ranks", "ring_peak_over_full_2ranks", "zigzag_busiest_over_mean",
-          "contiguous_busiest_over_mean", "ulysses_bytes_over_ring_bytes")
+          "contiguous_busiest_over_mean", "zigzag_step_busiest_over_mean", "contiguous_step_busiest_over_mean",
+          "ulysses_bytes_over_ring_bytes")
 
 
 @pytest.mark.multiprocess
@@ -28,6 +31,8 @@ def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
     assert ratios["ring_peak_over_full_2ranks"] <= 0.55
     names = [m["name"] for m in report["measurements"]]
     assert "peak activation memory, 1 process" in names
-    assert "causal, zigzag, 4 ranks: block products of rank 3" in names
+    assert "causal, zigzag, 2 ranks: block products of rank 1" in names
+    assert "causal, contiguous, 2 ranks: forward + backward of rank 1" in names
+    assert set(ratios) <= set(ANCHORS["context"])
     out = capsys.readouterr().out
     assert "ring attention, 2 ranks, round 1:" in out  # printed as soon as measured

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from ddpguide.launch.programs import PROGRAMS
 from ddpguide.pipeline import zoo
 from tests.programs.programs_support import PYTHON, TORCHRUN, check_ok, copy_program, load_program, run
 from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
@@ -18,6 +19,9 @@ LINE = re.compile(r"\[rank (\d)\] (\S+) m=(\d+) stages ([\d,]+): max gradient di
                   r"(?:, loss difference (\S+))?; peak activations (\S+) chunks")
 CHECK = re.compile(r"check: (\S+) on (\d) ranks x dp (\d), m=(\d+), matches one process "
                    r"within 1e-10: (OK|FAILED)")
+
+
+PROGRAM_PATH = PROGRAMS / "pipeline_schedules.py"
 
 
 def launch(tmp_path, nproc, *args, timeout=400):
@@ -59,9 +63,57 @@ def check_memory(lines, pp):
 
 @pytest.mark.timeout(450)
 def test_every_schedule_on_2_ranks(tmp_path):
-    out = launch(tmp_path, 2, "--microbatches", "3", "4")  # 3: not a multiple of the ranks
+    out = launch(tmp_path, 2, "--microbatches", "3", "4", "--time", "1", "--report", "report.json")  # 3: not a multiple
     assert "skip: DualPipeV needs at least as many micro-batches as stages (4), got 3" in out
     check_memory(check_all(out, 2, 1, (3, 4)), 2)
+    check_timed(json.loads((tmp_path / "report.json").read_text()), out, 2)
+
+
+def check_timed(report, out, pp):
+    """The timed step's spans are the action list the bubble is counted on, in the order each
+    rank ran them, and the printed bubble is the one computed from them."""
+    program = load_program(PROGRAM_PATH)
+    printed = dict(re.findall(r"^timed: (\S+ m=\d+): .*bubble \(idle over busy, all ranks\) (\S+);", out, re.M))
+    assert len(printed) == len(report["runs"])
+    for done in report["runs"]:
+        name, m, timed = done["schedule"], done["microbatches"], done["timed"]
+        counted = zoo.compute_actions(name, pp, m)
+        for rank in done["ranks"]:
+            ran = [f"{stage}{kind}" for kind, stage, *_ in rank["timed"][0]["spans"]]
+            assert ran == [f"{op.stage}{op.kind}" for op in counted[rank["rank"]]], (name, m, rank["rank"])
+            assert all(0 <= start <= end for *_, start, end in rank["timed"][0]["spans"])
+        step = program.bubble_of_step([r["timed"][0]["spans"] for r in done["ranks"]])
+        assert timed["bubble"] == step["bubble"] == timed["steps"][0]["bubble"]
+        assert f"{step['bubble']:.3f}" == printed[f"{name} m={m}"]
+        assert timed["steps"][0]["others_on_core"] == [None, None]  # not pinned: no core to read
+
+
+def test_others_on_the_core_are_read_only_where_the_rank_is_pinned():
+    program = load_program(PROGRAM_PATH)
+    cores = os.sched_getaffinity(0)
+    if len(cores) > 1:
+        assert program.others_on_my_core() is None
+    try:
+        os.sched_setaffinity(0, {min(cores)})
+        before = program.others_on_my_core()
+        sum(i * i for i in range(200_000))  # this process's own work is not the others'
+        after = program.others_on_my_core()
+    finally:
+        os.sched_setaffinity(0, cores)
+    assert isinstance(before, float) and after - before > -0.05  # ticks of 10 ms on both counters
+
+
+def test_the_bubble_of_a_step_is_idle_over_busy_from_first_compute_to_last():
+    program = load_program(PROGRAM_PATH)
+    # GPipe, 2 stages, one micro-batch, F = 1 and B = 2: rank 0 F 0-1, B 4-6; rank 1 F 1-2, B 2-4;
+    # the clocks start 0.5 before the first compute
+    step = program.bubble_of_step([[("F", 0, 0.5, 1.5), ("B", 0, 4.5, 6.5)],
+                                   [("F", 1, 1.5, 2.5), ("B", 1, 2.5, 4.5)]])
+    assert step == {"seconds": 6.0, "busy": [3.0, 3.0], "idle": [3.0, 3.0], "bubble": 1.0}
+    timeline = zoo.simulate("GPipe", 2, 1)
+    assert float(timeline.bubble) == step["bubble"]  # the count's definition, on the same timeline
+    costs = program.costs_of([[("F", 0, 0.0, 1.0), ("F", 0, 1.0, 3.0), ("F", 0, 3.0, 6.0)], [("W", 1, 0.0, 0.5)]])
+    assert costs == {"F0": 2.0, "W1": 0.5}
 
 
 @pytest.mark.timeout(450)

@@ -18,18 +18,22 @@ def test_pipeline_schedules_times_each_stage_call_between_two_synchronisations(m
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", device)))
 
     class Stage:
+        stage_index = 3
+
         def forward_one_chunk(self, *args, **kwargs):
             events.append("forward")
 
         backward_one_chunk = backward_weight_one_chunk = forward_one_chunk
 
-    stage, totals = Stage(), [0.0]
-    program.time_compute(stage, totals, CUDA)
+    stage, spans = Stage(), []
+    program.time_compute(stage, spans, CUDA)
     stage.forward_one_chunk()
-    stage.backward_one_chunk()
+    stage.backward_one_chunk(0, full_backward=False)
     assert events == [("sync", CUDA), "forward", ("sync", CUDA)] * 2
+    assert [(kind, index) for kind, index, *_ in spans] == [("F", 3), ("I", 3)]
+    assert all(start <= end for *_, start, end in spans)
     events.clear()
-    program.time_compute(stage := Stage(), totals, torch.device("cpu"))
+    program.time_compute(stage := Stage(), spans, torch.device("cpu"))
     stage.forward_one_chunk()
     assert events == ["forward"]  # the CPU runs each operation before it returns
 

@@ -16,7 +16,8 @@ _CACHE: dict[int, list[dict]] = {}
 def results(world: int) -> list[dict]:
     """Every rank's parts, one spawn per world size for the whole module."""
     if world not in _CACHE:
-        parts = ["equivalence", "collectives", "refusals", "program"] if world == 2 else ["equivalence"]
+        parts = ["equivalence", "collectives", "refusals", "program", "peak", "order"] if world == 2 \
+            else ["equivalence"]
         _CACHE[world] = spawn(checks.run_parts, world, parts, timeout=300, echo=False)
     return _CACHE[world]
 
@@ -59,6 +60,28 @@ def test_collectives_of_one_step():
     assert counts["zero2_hand"]["backward"] == {"_reduce_scatter_base_": tensors}
 
 
+def test_fsdp2_gathers_the_previous_layer_before_each_backward():
+    for r in results(2):
+        assert " ".join(r["order"]["backward"]) == "B3 AG AG mm mm RS B2 AG mm mm RS B1 AG mm mm RS B0 mm RS"
+        assert " ".join(r["order"]["forward"]) == "AG F0 mm AG F1 mm AG F2 mm AG F3 mm"
+
+
+def test_the_peak_inside_a_step_by_kind():
+    """torch's MemTracker on one step of each strategy, 4 x Linear(64, 64) in float32 on 2 ranks."""
+    for r in results(2):
+        peaks = {p["strategy"]: p for p in r["peak"]}
+        layer, model = 64 * 65 * 4, 4 * 64 * 65 * 4
+        fsdp = peaks["fsdp2"]["kinds"]
+        assert fsdp["Unsharded Param"] == layer and fsdp["Sharded Param"] == model // 2
+        assert fsdp["All Gather"] == layer  # one unit's buffer at a time
+        assert peaks["ddp"]["ddp_buckets"] == model and peaks["fsdp2"]["ddp_buckets"] == 0
+        assert peaks["ddp"]["kinds"]["Parameter"] == peaks["zero2_hand"]["kinds"]["Parameter"] == model
+        for p in peaks.values():
+            assert p["kinds"]["Total"] + p["ddp_buckets"] > p["between_steps"], p
+        ddp = peaks["ddp"]["kinds"]["Total"] + model
+        assert all(peaks[n]["kinds"]["Total"] < ddp for n in ("zero2_hand", "zero3_hand", "fsdp2"))
+
+
 def test_refusals_name_the_problem():
     errors = results(2)[0]["refusals"]
     assert errors["shared parameter"] == (
@@ -90,7 +113,7 @@ def test_check_equivalence_refuses_bad_world_sizes_before_starting(world, messag
 
 def test_unknown_part_is_refused():
     with pytest.raises(ValueError, match="^unknown part 'speed'; choose from collectives, "
-                                         "equivalence, memory, program, refusals$"):
+                                         "equivalence, memory, order, peak, program, refusals$"):
         checks.check_parts(["memory", "speed"])
 
 

@@ -169,7 +169,6 @@ def test_unreadable_metadata_is_one_line(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("point, entries, loaded_from, loaded", [
-    ("writing", [".checkpoint.saving-", "checkpoint"], "checkpoint", "A"),
     ("old_moved", [".checkpoint.saving-", "checkpoint.prev"], "checkpoint.prev", "A"),
     ("new_moved", ["checkpoint", "checkpoint.prev"], "checkpoint", "B"),
 ])
@@ -180,4 +179,24 @@ def test_sigkill_during_save_leaves_a_complete_checkpoint(tmp_path, point, entri
     assert [e[:len(".checkpoint.saving-")] if e.startswith(".") else e for e in report["entries"]] == entries
     assert (report["loaded_from"], report["loaded"], report["exact"]) == (loaded_from, loaded, True)
     # the next save cleans up what the killed one left
+    assert dcp_kill.save_again(tmp_path) == ["checkpoint"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("point, survivor, entries", [
+    ("one_rank_mid_write", True, ["checkpoint"]),  # rank 0 fails on its own and removes the partial save
+    ("every_rank_mid_write", False, [".checkpoint.saving-", "checkpoint"]),
+])
+@pytest.mark.multiprocess
+def test_sigkill_of_saving_ranks_keeps_the_previous_checkpoint(tmp_path, point, survivor, entries):
+    """A save by 2 FSDP2 ranks, each writing its own file, killed halfway through a file: on
+    one rank (the other must notice and fail) or on both. Checkpoint A stays, whole."""
+    report = dcp_kill.kill_ranks_during_save(point, tmp_path, timeout=180)
+    assert not report["timed_out"], report["output"][-3000:]
+    codes = report["returncodes"]
+    assert codes[1] == -9 and (codes[0] not in (0, -9) if survivor else codes[0] == -9), report["output"][-3000:]
+    if survivor:
+        assert "Traceback" in report["output"]  # rank 0's save raised: it did not swap in a partial B
+    assert [e[:len(".checkpoint.saving-")] if e.startswith(".") else e for e in report["entries"]] == entries
+    assert (report["loaded_from"], report["loaded"], report["exact"]) == ("checkpoint", "A", True)
     assert dcp_kill.save_again(tmp_path) == ["checkpoint"]
