@@ -23,7 +23,7 @@ shard over the same rank of the other groups, through the Manager. The model and
 the data are float64, generated from --seed.
 
 Failures are injected with --kill-group G --at STEP [--where W]; every rank of G dies,
-the first time it is at W in step STEP or later:
+the first time it is at W in step STEP or later with every group in the quorum:
   step        after its backward, before it votes on the commit;
   allreduce   inside Manager.allreduce, before its gradient leaves (the other groups
               are waiting inside theirs);
@@ -33,7 +33,8 @@ the first time it is at W in step STEP or later:
               writing it, before the rename that makes it the group's.
 A killed group is replaced by spare processes that have imported torch, built the model
 and optimizer (and the group's own process group) and wait (hot spares): the same
-replica id, new processes, nothing learned in memory.
+replica id, new processes, nothing learned in memory. --rejoin-after S holds them back S
+seconds, as a replacement machine that takes time to arrive.
 
 Run:
   python ft_train.py --groups 2 --steps 12 --kill-group 1 --at 5 --report ft.json
@@ -205,8 +206,11 @@ def worker(args):
         out.write(json.dumps(dict(row, group=args.group, rank=args.group_rank)) + "\n")
 
     def die(where, step):
-        """Exit here if this is the planned death: the first time at WHERE at or after STEP."""
+        """Exit here if this is the planned death: the first time at WHERE at or after STEP
+        with every group in the quorum (so that one is left to heal from)."""
         if where != die_where or step < die_at:
+            return
+        if where != "heal" and manager.num_participants() < args.groups:
             return
         write({"event": "killed", "where": where, "incarnation": args.incarnation,
                "step": step, "time": time.time()})
@@ -409,6 +413,8 @@ def check(args, parser):
         parser.error("--chaos needs --groups 2 or more: a survivor to heal from")
     if (args.chaos or args.kill_group is not None) and len(local_groups) < args.groups:
         parser.error("failures are injected only when every group runs here (no --local-groups)")
+    if args.rejoin_after < 0:
+        parser.error("--rejoin-after must be 0 or more seconds")
     if args.checkpoint_every < 0:
         parser.error("--checkpoint-every must be 0 (none) or a number of steps")
     if args.where == "checkpoint" and args.kill_group is not None and not args.checkpoint_every:
@@ -494,7 +500,7 @@ def drive(args, ids, local_groups):
         address = lighthouse.address()
     stores = {g: dist.TCPStore(args.hostname, 0, is_master=True, wait_for_workers=False,
                                timeout=timedelta(seconds=args.timeout)) for g in local_groups}
-    procs, spares, exits, rows, dying = {}, {}, {}, [], {}
+    procs, spares, exits, rows, dying, rejoin = {}, {}, {}, [], {}, {}
     plans = {g: deaths(kills, g) for g in local_groups}
 
     def start(g, k):
@@ -553,12 +559,16 @@ def drive(args, ids, local_groups):
                         p.kill()
                     p.join()
                 dying.pop(g, None)
-                incarnation[g] += 1                   # the spares take over
-                print(f"group {g} killed; spare {incarnation[g]} takes over", flush=True)
+                incarnation[g] += 1                   # the spares take over, --rejoin-after
                 procs[g] = spares[g].pop(0) if spares[g] else start(g, incarnation[g])
-                for key in ("manager_addr", "replica_id"):   # the dead rank 0's, in the store
-                    stores[g].delete_key(key)
-                stores[g].set(f"start{incarnation[g]}", "1")
+                rejoin[g] = time.monotonic() + args.rejoin_after
+            for g, when in list(rejoin.items()):
+                if time.monotonic() >= when:
+                    del rejoin[g]
+                    print(f"group {g} killed; spare {incarnation[g]} takes over", flush=True)
+                    for key in ("manager_addr", "replica_id"):   # the dead rank 0's, in the store
+                        stores[g].delete_key(key)
+                    stores[g].set(f"start{incarnation[g]}", "1")
             time.sleep(0.05)
         stop_all()
         for g in local_groups:
@@ -616,6 +626,8 @@ def main(argv=None):
     parser.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer SGD lr")
     parser.add_argument("--outer-momentum", type=float, default=0.0,
                         help="DiLoCo's outer SGD momentum (default 0)")
+    parser.add_argument("--rejoin-after", type=float, default=0.0, metavar="SECONDS",
+                        help="a killed group's spares start this long after it died (default 0)")
     parser.add_argument("--chaos", type=int, default=0,
                         help="instead: N kills of random groups, steps and places (from --seed)")
     parser.add_argument("--chaos-gap", type=int, default=10,

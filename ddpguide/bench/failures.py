@@ -92,13 +92,13 @@ def _ft_runs(cluster, args: list[str], groups: int, timeout: float = 240.0) -> d
     """ft_train.py ARGS with one replica group on each of the first ``groups`` nodes, and for
     two groups torchft's lighthouse on node 0 (started first, stopped last); group 0's report."""
     from ddpguide.cluster.experiments import ProgramFailed
-    from ddpguide.launch import programs
+    from ddpguide.failures.runs import copied
     from ddpguide.launch.ranks import Command, Ranks
 
     node0 = cluster.nodes[0]
     with tempfile.TemporaryDirectory(prefix="ddpguide-ft-link-") as tmp, Ranks() as lighthouse:
         folder = Path(tmp)
-        source = programs.copy_program("ft_train.py", folder)
+        source = copied(folder)
         common = [sys.executable, str(source), *args, "--step-seconds", "0", "--hidden",
                   str(WIDTH), "--deadline", str(int(timeout) - 20)]
         if groups == 1:
@@ -210,4 +210,9 @@ def run(quick: bool = False) -> Report:
         "recoveries on 127.0.0.1, 2 groups of 1 process (ft) / 2 workers (torchrun); the "
         f"checkpoint sweep is modelled: step {step_s} s, mean time between failures {mtbf_s} s, "
         "restart = torchrun's measured recovery, C = the measured synchronous DCP save.")
+    if link:
+        report.notes.append(
+            f"DiLoCo against DDP: chapter 15's cluster, 2 nodes joined by a {LINK} tbf link, one "
+            "group on each; predicted from one group alone on node 0 and the link's alpha-beta "
+            "fitted to a point-to-point sweep across it, never from the runs predicted.")
     return report

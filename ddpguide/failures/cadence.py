@@ -17,6 +17,7 @@ import random
 import statistics
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ def checkpoint_cost(megabytes: int = 32, repeats: int = 3) -> dict[str, float]:
     numel = megabytes * 2**20 // 8
     state = {"model": {f"w{i}": torch.randn(numel // 4, dtype=torch.float64) for i in range(4)}}
     sync, stall, total = [], [], []
+    warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="ddpguide-dcp-") as folder:
             t0 = time.perf_counter()
