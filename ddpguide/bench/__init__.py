@@ -25,8 +25,8 @@ SUITES = {
                "on the link against the formulas, hierarchical against flat, DDP overlap (chapter 15)",
     "plan": "the layout planner's memory and step time predicted from microbenchmarks against measured "
             "runs of every layout, rank correlation, and against published GPU runs (chapter 16)",
-    "failures": "per-step fault tolerance against torchrun's restart, DiLoCo's bytes, the checkpoint "
-                "interval against Young-Daly (chapter 17)",
+    "failures": "per-step fault tolerance against torchrun's restart, DiLoCo's bytes and its step "
+                "time on a slow link, the checkpoint interval against Young-Daly (chapter 17)",
 }
 
 __all__ = ["Measurement", "Report", "SUITES", "machine_info"]

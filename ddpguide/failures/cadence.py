@@ -17,6 +17,7 @@ import random
 import statistics
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ def checkpoint_cost(megabytes: int = 32, repeats: int = 3) -> dict[str, float]:
     numel = megabytes * 2**20 // 8
     state = {"model": {f"w{i}": torch.randn(numel // 4, dtype=torch.float64) for i in range(4)}}
     sync, stall, total = [], [], []
+    warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="ddpguide-dcp-") as folder:
             t0 = time.perf_counter()
@@ -47,25 +49,27 @@ def simulate(step_s: float, cost_s: float, mtbf_s: float, restart_s: float, inte
              useful_steps: int, seed: int) -> dict[str, float]:
     """The loop above on a simulated clock until ``useful_steps`` steps are kept.
 
-    Returns the goodput (kept steps' seconds over all seconds), the failures, and the mean
-    seconds lost per failure (steps redone since the last checkpoint, and the restart)."""
+    Event by event, not step by step: between two failures the loop runs whole periods of
+    ``interval`` steps and a save (``interval * step_s + cost_s`` seconds each); a failure
+    loses what was done since the period began and costs ``restart_s``. (A failure at the
+    very end of a period, as its save completes, loses nothing.) Returns the goodput (kept
+    steps' seconds over all seconds), the failures, and the mean seconds lost per failure
+    (the partial period redone, and the restart)."""
     rng = random.Random(seed)
-    clock, kept, since_checkpoint = 0.0, 0, 0
-    next_failure = rng.expovariate(1 / mtbf_s)
-    failures, lost = 0, 0.0
-    while kept < useful_steps:
-        done_at = clock + step_s + (cost_s if since_checkpoint + 1 == interval else 0.0)
-        if next_failure < done_at:                       # fails inside this step or its save
-            failures += 1
-            lost += (next_failure - clock) + since_checkpoint * step_s + restart_s
-            kept -= since_checkpoint
-            since_checkpoint = 0
-            clock = next_failure + restart_s
-            next_failure = clock + rng.expovariate(1 / mtbf_s)
-            continue
-        clock = done_at
-        kept += 1
-        since_checkpoint = 0 if since_checkpoint + 1 == interval else since_checkpoint + 1
+    period = interval * step_s + cost_s
+    clock, kept, failures, lost = 0.0, 0, 0, 0.0
+    while True:
+        gap = rng.expovariate(1 / mtbf_s)            # from this start to the next failure
+        left = useful_steps - kept
+        finish = left * step_s + (left // interval) * cost_s
+        if gap >= finish:                             # done before the failure
+            clock += finish
+            break
+        periods = math.floor(gap / period)
+        kept += periods * interval
+        failures += 1
+        lost += gap - periods * period + restart_s
+        clock += gap + restart_s
     return {"goodput": useful_steps * step_s / clock, "failures": failures,
             "lost_per_failure_s": lost / failures if failures else 0.0}
 
@@ -76,7 +80,7 @@ def young_daly_s(cost_s: float, mtbf_s: float) -> float:
 
 
 def sweep(step_s: float, cost_s: float, mtbf_s: float, restart_s: float,
-          intervals: list[int] | None = None, useful_steps: int = 200_000,
+          intervals: list[int] | None = None, useful_steps: int = 1_000_000,
           seeds: int = 4) -> dict:
     """Goodput for each checkpoint interval (steps), averaged over ``seeds`` runs; the best
     interval against Young-Daly's, and the lost work per failure against tau/2 + R."""

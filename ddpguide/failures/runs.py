@@ -32,6 +32,12 @@ def run_ft(*args: str, timeout: float = 240.0, echo: bool = False) -> dict:
     return report
 
 
+def copied(folder: str | Path) -> Path:
+    """A copy of ``ft_train.py`` alone in ``folder``, for runs started elsewhere (on the nodes
+    of chapter 15's cluster)."""
+    return programs.copy_program(PROGRAM, folder)
+
+
 def step_interval_s(times: list[float]) -> float:
     """The median time between consecutive steps (what one step costs without a failure)."""
     gaps = [b - a for a, b in zip(times, times[1:])]

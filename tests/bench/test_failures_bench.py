@@ -6,9 +6,8 @@ import pytest
 
 from ddpguide.bench import appendix, failures
 
-pytestmark = pytest.mark.multiprocess
 
-
+@pytest.mark.multiprocess
 def test_quick_mode_reports_the_ratios_with_their_anchors():
     report = failures.run(quick=True)
     ratios = report.ratios
@@ -17,3 +16,19 @@ def test_quick_mode_reports_the_ratios_with_their_anchors():
     assert ratios["ft_recovery_s"] > 0
     assert "torchrun_recovery_s" not in ratios  # the full mode only
     assert set(ratios) <= set(appendix.ANCHORS["failures"])
+
+
+def test_step_time_and_bytes_per_sync_read_from_a_report():
+    """DDP: from the second committed step to the last; DiLoCo: from the first sync to the last,
+    over the inner steps between (the rows a run of ft_train.py writes for group 0)."""
+    ddp = {"inner": [], "step": [
+        {"group": 0, "step": s, "committed": True, "time": t, "bytes": 100 * (s + 1),
+         "calls": 2 * (s + 1)} for s, t in enumerate([0.0, 5.0, 5.5, 6.0, 6.5])]}
+    assert failures.seconds_per_step(ddp) == 0.5
+    assert failures.per_sync(ddp) == (100.0, 2.0)
+    h = 4   # syncs after inner steps 3, 7, 11: manager step 1, 2, 3
+    diloco = {"step": [], "inner": [
+        {"group": 0, "inner": i, "step": (i + 1) // h, "time": 10.0 + 0.25 * i + (2.0 if i >= 3 else 0.0),
+         "bytes": 80 * ((i + 1) // h), "calls": 4 * ((i + 1) // h)} for i in range(12)]}
+    assert failures.seconds_per_step(diloco) == 0.25
+    assert failures.per_sync(diloco) == (80.0, 4.0)
