@@ -1,17 +1,22 @@
 """What a layout of a transformer costs per GPU, from first principles: memory and step time.
 
-Run:  python plan_cost.py --measure hw.json          (this machine's matmul rates and overhead)
-      torchrun --standalone --nproc-per-node 4 plan_cost.py --sweep hw.json   (alpha, beta)
-      python plan_cost.py --hardware hw.json --layers 2 --dim 256 --tp 2 --dp-shard 2
+Run:  python plan_cost.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
+      torchrun --standalone --nproc-per-node 4 plan_cost.py --sweep hw.json     (one node's link)
+      torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-endpoint NODE0:29500 \
+          plan_cost.py --sweep hw.json                  (on each node K: both link levels)
+      python plan_cost.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
 
 Inputs are of three kinds and nothing else: the model's shapes, the layout, and the hardware
-(data-sheet figures, or microbenchmarks: matmul rate per shape, alpha and beta of each link
-level from a collective sweep, the time of one small operation). No input comes from a run
+(data-sheet figures, or microbenchmarks: matmul rate per shape, memory bandwidth, the time of
+one small operation and of a tensor-parallel module's bookkeeping, the cores busy ranks get,
+alpha, beta and burst of each link level from a collective sweep). No input comes from a run
 of the layout predicted. torch and the standard library only.
 
 Source: the Ultra-Scale Playbook's memory and time accounting ("Finding the best training
-configuration"), checked against the capstone GPT (gpt/train.py --cost) and torchtitan's
-published Llama 3.1 runs; no seed article covers it.
+configuration"), torch's own schedules (torch/distributed/pipelining/schedules.py) and FSDP2
+(torch/distributed/fsdp/_fully_shard), checked against the capstone GPT (gpt/train.py --cost)
+on chapter 15's emulated cluster, and against torchtitan's, the Playbook's and picotron's
+published runs; no seed article covers it.
 """
 
 import argparse
@@ -767,12 +772,18 @@ def sweep(path, repeats=5):
         json.dump(hw, f)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit status 2, nothing started or written
+        sys.stderr.write(f"plan_cost.py: {message}\n")
+        raise SystemExit(2)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="plan_cost.py", description=__doc__.splitlines()[0])
-    p.add_argument("--measure", metavar="FILE")
-    p.add_argument("--sweep", metavar="FILE")
+    p = Parser(prog="plan_cost.py", description=__doc__.splitlines()[0])
+    p.add_argument("--measure", metavar="FILE", help="measure this machine into FILE (JSON)")
+    p.add_argument("--sweep", metavar="FILE", help="under torchrun: add each link level to FILE")
     p.add_argument("--ranks", type=int, default=1, help="with --measure: busy processes sharing the cores")
-    p.add_argument("--hardware", metavar="FILE")
+    p.add_argument("--hardware", metavar="FILE", help="predict with the hardware in FILE")
     for name, value in asdict(Model()).items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else int
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
@@ -783,16 +794,32 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     a = p.parse_args(argv)
+    for name in ("measure", "sweep"):
+        path = getattr(a, name)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"--{name} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
     if a.measure:
+        if a.ranks < 1:
+            p.error(f"--ranks {a.ranks}: must be at least 1")
         return measure(a.measure, a.ranks)
     if a.sweep:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            p.error("--sweep: run it under torchrun (it times all-reduces between the ranks)")
         return sweep(a.sweep)
     if not a.hardware or not os.path.isfile(a.hardware):
-        p.error("--hardware FILE: the hardware's figures (write them with --measure)")
-    with open(a.hardware) as f:
-        hw = Hardware(**json.load(f))
+        p.error(f"--hardware {a.hardware or 'FILE'}: no such file (write one with --measure and --sweep)")
     m = Model(**{k: getattr(a, k) for k in asdict(Model())})
     lay = Layout(**{k: getattr(a, k) for k in asdict(Layout())})
+    for name in ("layers", "dim", "heads", "ffn", "vocab", "batch", "seq", "bytes", *AXES, "microbatches"):
+        value = getattr(a, name)
+        if value < 1:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if m.dim % m.heads or m.layers % lay.pp or m.heads % lay.tp or a.batch % (lay.data_parallel * (
+            lay.microbatches if lay.pp > 1 else lay.accumulate)):
+        p.error(f"the layout {lay.pp}x{lay.dp_replicate}x{lay.dp_shard}x{lay.cp}x{lay.ep}x{lay.tp} does not "
+                "divide the model (heads by tp, layers by pp, the batch by the data-parallel ranks and micro-batches)")
+    with open(a.hardware) as f:
+        hw = Hardware(**json.load(f))
     pol = Policy(param=a.bytes, compute=a.bytes, reduce=a.bytes, state=a.bytes)
     out = predict(m, lay, pol, hw, a.batch, a.seq)
     print(json.dumps({"peak_memory": out["peak_memory"], "memory_rank0": out["memory"][0],
