@@ -1,22 +1,29 @@
 """What a layout of a transformer costs per GPU, from first principles: memory and step time.
 
-Run:  python plan_cost.py --measure hw.json          (this machine's matmul rates and overhead)
-      torchrun --standalone --nproc-per-node 4 plan_cost.py --sweep hw.json   (alpha, beta)
-      python plan_cost.py --hardware hw.json --layers 2 --dim 256 --tp 2 --dp-shard 2
+Run:  python plan_cost.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
+      torchrun --standalone --nproc-per-node 4 plan_cost.py --sweep hw.json     (one node's link)
+      torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-endpoint NODE0:29500 \
+          plan_cost.py --sweep hw.json                  (on each node K: both link levels)
+      python plan_cost.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
 
 Inputs are of three kinds and nothing else: the model's shapes, the layout, and the hardware
-(data-sheet figures, or microbenchmarks: matmul rate per shape, alpha and beta of each link
-level from a collective sweep, the time of one small operation). No input comes from a run
+(data-sheet figures, or microbenchmarks: matmul rate per shape, memory bandwidth, the time of
+one small operation and of a tensor-parallel module's bookkeeping, the cores busy ranks get,
+alpha, beta and burst of each link level from a collective sweep). No input comes from a run
 of the layout predicted. torch and the standard library only.
 
 Source: the Ultra-Scale Playbook's memory and time accounting ("Finding the best training
-configuration"), checked against the capstone GPT (gpt/train.py --cost) and torchtitan's
-published Llama 3.1 runs; no seed article covers it.
+configuration"), torch's own schedules (torch/distributed/pipelining/schedules.py) and FSDP2
+(torch/distributed/fsdp/_fully_shard), checked against the capstone GPT (gpt/train.py --cost)
+on chapter 15's emulated cluster, and against torchtitan's, the Playbook's and picotron's
+published runs; no seed article covers it.
 """
 
 import argparse
+import datetime
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -57,6 +64,7 @@ class Policy:
     reduce: int = 4
     state: int = 4
     float8: bool = False  # matmuls at the float8 peak
+    fused: bool = False  # element-wise chains fused (torch.compile): each reads and writes once
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,8 @@ class Layout:
     schedule: str = "1F1B"  # 1F1B, GPipe, Interleaved1F1B (two stages a rank)
     ac: str = "none"  # none, selective, full
     loss_parallel: bool = False  # logits stay split over tp (train.py gathers them)
+    accumulate: int = 1  # micro-steps a step without a pipeline, gradients synchronised once
+    zero: int = 0  # 1: AdamW's state split over the dp_replicate ranks (ZeRO-1), weights gathered after
 
     @property
     def world(self):
@@ -89,14 +99,22 @@ class Hardware:
     memory: float = 24 * 2**30  # bytes a GPU (a rank) may hold
     bandwidth: float = 1e10  # memory bytes/s (element-wise work, the optimizer)
     gpus_per_node: int = 8
-    links: dict = field(default_factory=lambda: {"node": [1e-5, 1e-10], "net": [1e-5, 1e-9]})
+    # each link level: [alpha s a message, beta s a byte, burst bytes passed at once after a pause]
+    links: dict = field(default_factory=lambda: {"node": [1e-5, 1e-10, 0], "net": [1e-5, 1e-9, 0]})
+    nics: int = 0  # network links a node has, shared by its ranks (0: one per GPU)
     op_seconds: float = 0.0  # one small operation issued from Python (or one kernel launch)
+    tp_module_seconds: float = 0.0  # what one tensor-parallel module adds to a forward and backward on
+    # the CPU (DTensor's redistributions and hooks); 0 where the CPU runs ahead of the device
     collective_seconds: float = 0.0  # per collective call, beyond alpha
     matmul: list = field(default_factory=list)  # measured [m, k, n, FLOP/s] a rank
     ceiling: float = 1.0  # the best matmul rate / peak (MAMF) where no shape was measured
     attention: float = 0.0  # FLOP/s of the attention kernel (0: as a matmul of its shape)
-    overlap: bool = True  # collectives on their own engine: FSDP and DDP hide behind compute
-    cores: int = 0  # CPU: ranks of a node share these cores (0: a device each)
+    attention_backward: float = 0.0  # FLOP/s of its backward, counted as 2.5 x the forward's (0: the same)
+    backend: str = "nccl"  # gloo reduce-scatters by an all-reduce
+    streams: bool = True  # FSDP's collectives run on their own streams (GPU); else each blocks
+    overlap: bool = True  # an asynchronous all-reduce (DDP's) runs while the backward computes
+    cores: float = 0.0  # cores all the ranks share, measured with every rank busy (0: a device each)
+    sweep: dict = field(default_factory=dict)  # the samples the links were fitted to (plan_cost.py --sweep)
     sources: dict = field(default_factory=dict)
 
 
@@ -220,10 +238,11 @@ def memory(m, lay, pol, batch, seq, rank=0):
         count += 1
     per = -(-m.layers // lay.pp)  # the busiest stage's blocks
     whole_block = (whole - (m.vocab // lay.tp * m.dim) * (1 + (not m.tied and stage == lay.pp - 1))) / per
-    rows = batch // lay.data_parallel // (lay.microbatches if lay.pp > 1 else 1)
+    rows = batch // lay.data_parallel // (lay.microbatches if lay.pp > 1 else lay.accumulate)
     act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage)
+    split = lay.dp_replicate if lay.zero and not fsdp_on(lay) else 1  # ZeRO-1
     out = {"parameters": params * pol.param, "gradients": params * pol.param,
-           "optimizer": (2 * params + count) * pol.state,  # AdamW's two moments, a step counter each
+           "optimizer": (2 * params / split + count) * pol.state,  # AdamW's two moments, a step counter each
            "activations": act}
     unsharded = 0.0
     if fsdp_on(lay) and dense_n > 1:
@@ -238,125 +257,352 @@ def memory(m, lay, pol, batch, seq, rank=0):
     return out
 
 
-def ring(kind, n):
-    """(messages in a row, bytes on the wire per byte of the whole tensor) of a ring."""
-    if kind == "all_reduce":
+def ring(kind, n, gloo=False):
+    """(messages in a row, bytes on the busiest link per byte of the whole tensor) of one call
+    over n ranks. gloo reduce-scatters by an all-reduce (chapter 15 counts it on the wire)."""
+    if kind == "all_reduce" or (kind == "reduce_scatter" and gloo):
         return 2 * (n - 1), 2 * (n - 1) / n
     if kind == "send_recv":
         return 1, 1.0
     return n - 1, (n - 1) / n  # all-gather, reduce-scatter, all-to-all
 
 
-def link(hw, lay, axes):
-    """The link level a group over these mesh axes crosses: 'net' if its ranks are on more
-    than one node (the mesh is laid out with tp innermost, as torchrun numbers ranks)."""
-    inner = 1
+def members(lay, axes):
+    """The ranks of rank 0's group over these mesh axes (tp innermost, as torchrun numbers)."""
+    ranks, stride = [0], 1
     for axis in reversed(AXES):
         size = getattr(lay, axis)
-        if axis in axes and size > 1 and inner * size > hw.gpus_per_node:
-            return "net"
-        inner *= size
-    return "node"
+        if axis in axes:
+            ranks = [r + i * stride for i in range(size) for r in ranks]
+        stride *= size
+    return sorted(ranks)
 
 
-def collective(hw, lay, kind, whole_bytes, axes, calls=1):
-    """Seconds of `calls` collectives, each over a whole tensor of whole_bytes, on the group
-    of these mesh axes: alpha per message in a row, beta per byte on the wire, plus the
-    per-call overhead."""
-    n = math.prod(getattr(lay, a) for a in axes)
-    if n == 1 or whole_bytes == 0:
+def link(hw, lay, axes):
+    """The link a group over these axes crosses ('node' or 'net') and how many transfers share
+    it when every group of these axes runs at once: each group spanning nodes sends one ring
+    edge out of each node, and a node has hw.nics network links (0: one per GPU)."""
+    key = (lay, tuple(axes), hw.gpus_per_node, hw.nics)
+    if key not in _LINKS:
+        group, per_node = members(lay, axes), hw.gpus_per_node
+        if len({r // per_node for r in group}) == 1:
+            _LINKS[key] = ("node", 1.0)
+        else:
+            flows = min(per_node, lay.world) // sum(r // per_node == 0 for r in group)
+            _LINKS[key] = ("net", max(1.0, flows / (hw.nics or per_node)))
+    return _LINKS[key]
+
+
+_LINKS = {}  # (layout, axes, GPUs a node, NICs a node) -> link()
+
+
+def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
+    """Seconds of `calls` collectives of this kind, each over a whole tensor of call_bytes, on
+    the group of these axes (ranks: its size, when not all the axes' ranks). Per call: alpha
+    per message in a row, the per-call overhead, and beta per byte on the busiest link (times
+    the transfers sharing it), less the link's burst: the bytes it passes at once after a
+    pause (a tc tbf bucket, which refills at the link's rate in the `gap` seconds of compute
+    before the call; 0 on a real link)."""
+    n = ranks or math.prod(getattr(lay, a) for a in axes)
+    if n == 1 or call_bytes <= 0 or calls <= 0:
         return 0.0
-    alpha, beta = hw.links[link(hw, lay, axes)]
-    steps, wire = ring(kind, n)
-    return calls * (alpha * steps + hw.collective_seconds) + beta * wire * whole_bytes
+    level, share = link(hw, lay, axes)
+    alpha, beta, burst = (list(hw.links[level]) + [0.0])[:3]
+    steps, wire = ring(kind, n, hw.backend == "gloo")
+    credit = min(burst, gap / beta) if beta else burst
+    return calls * (alpha * steps + hw.collective_seconds
+                    + beta * max(0.0, share * wire * call_bytes - credit))
+
+
+def microbatch(m, lay, pol, hw, rows, seq, stage):
+    """One micro-batch on one rank of a stage (rows sequences of seq tokens, split over cp):
+    seconds of its forward and backward compute at the rank's full speed, and of the
+    collectives inside them it waits for (TP's, CP's, EP's). Each linear layer is three
+    matmuls at the rate of their shapes (float8: its inputs scaled and cast, 5 bytes an
+    element); attention's backward recomputes the scores (five matmuls to the forward's two);
+    element-wise work moves its tensors over the memory bandwidth once forward and twice
+    backward; each operation costs hw.op_seconds."""
+    t, cp, B = lay.tp, lay.cp, pol.compute
+    tokens, per = rows * seq // cp, -(-m.layers // lay.pp)
+    d, h, hd = m.dim, m.ffn, m.dim // m.heads
+
+    def linear(a, k, n, times=1):  # (a x k) @ (k x n): forward; input and weight gradients
+        flop, r = 2 * a * k * n * times, matmul_rate
+        cast = 5 * times / hw.bandwidth if pol.float8 else 0.0
+        return (flop / r(hw, a, k, n, pol.float8) + cast * (a * k + k * n),
+                flop / r(hw, a, n, k, pol.float8) + flop / r(hw, k, a, n, pol.float8)
+                + cast * (a * n + k * n + a * k))
+    parts = [linear(tokens, d, d // t), linear(tokens, d, m.kv_dim // t, 2), linear(tokens, d // t, d)]
+    hidden = tokens * h // t
+    if m.experts:  # balanced routing: each expert meets tokens x top_k x ep / experts rows
+        local, rows_e = m.experts // lay.ep, max(1, tokens * m.top_k * lay.ep // m.experts)
+        parts += [linear(rows_e, d, h, local * (1 + m.gated)), linear(rows_e, h, d, local),
+                  linear(tokens, d, m.experts), linear(tokens, d, h // t, m.shared * (1 + m.gated)),
+                  linear(tokens, h // t, d, m.shared)]
+        hidden = tokens * m.top_k * h + m.shared * tokens * h // t
+    else:
+        parts += [linear(tokens, d, h // t, 1 + m.gated), linear(tokens, h // t, d)]
+    span = seq if m.mask else seq // 2  # keys a query meets: all of them with an explicit mask
+    scores = 4 * rows * (m.heads // t) * (seq // cp) * span * hd
+    rate = hw.attention or matmul_rate(hw, seq // cp, hd, span)
+    parts.append((scores / rate, 2.5 * scores / (hw.attention_backward or rate)))
+    # element-wise, forward, in bytes: per block two norms and two residual adds on the
+    # (sequence-parallel) stream x, rotary on q and k, the activation (GELU reads and writes
+    # hidden once, SwiGLU's silu and product 2.5 times), attention's layout copies of q, k, v
+    # and its output. Eager, a norm is four float32 kernels (and two casts), rotary four float32
+    # kernels; fused, each chain reads its inputs and writes its output once.
+    x, q, kv, f32 = tokens * d // t, tokens * d // t, tokens * m.kv_dim // t, 4
+    act = (2.5 if m.gated else 1.0) * 2 * B * hidden
+    if pol.fused:
+        moved = 2 * 2 * B * x + 2 * B * (q + kv) + act + 2 * B * (q + 2 * kv + x)
+    else:
+        moved = 2 * (8 * f32 + 2 * B) * x + 8 * f32 * (q + kv) + 2 * 3 * B * x + act + 2 * B * (q + 2 * kv + x)
+    ops = 15 + 10 * (t > 1) + 4 * (cp > 1) + 8 * bool(m.experts)
+    parts.append((moved / hw.bandwidth + ops * hw.op_seconds, 2 * (moved / hw.bandwidth + ops * hw.op_seconds)))
+    if t > 1:  # tensor-parallel modules a block: its linears, two norms, two input redistributions
+        tp_modules = (6 + m.gated + 4) * hw.tp_module_seconds
+        parts.append((tp_modules / 3, 2 * tp_modules / 3))
+    forward, backward = (per * sum(p[i] for p in parts) for i in (0, 1))
+    ends = ((stage == 0) + 2 * (stage == lay.pp - 1)) * hw.tp_module_seconds * (t > 1)  # embedding; norm, head
+    forward, backward = forward + ends / 3, backward + 2 * ends / 3
+    if stage == lay.pp - 1:  # final norm, head, loss (cross-entropy in float32)
+        head = linear(tokens, d, m.vocab // t)
+        logits = 3 * tokens * (m.vocab // t if lay.loss_parallel else m.vocab) * 4 / hw.bandwidth
+        forward += head[0] + logits + 10 * hw.op_seconds
+        backward += head[1] + logits + 20 * hw.op_seconds
+    # blocking collectives: TP (sequence parallel) gathers the stream before attention and the
+    # MLP and reduce-scatters after them, the backward the other way round; CP gathers keys
+    # and values and reduce-scatters their gradients; EP sends rows to their experts and back.
+    # Between two calls the ranks compute (all of them at once: at cores / ranks of full speed).
+    x_bytes, kv_bytes = tokens * d * B, rows * seq * m.kv_dim // t * B
+    calls = per * (4 * (t > 1) + 2 * (cp > 1) + 2 * (lay.ep > 1)) + 3 * (t > 1)
+    slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0
+    gf, gb = forward * slow / max(1, calls), backward * slow / max(1, calls)
+
+    def tp(kind, calls_, gap, size=x_bytes):
+        return collective(hw, lay, kind, size, ("tp",), calls_, gap=gap)
+    fwd = (tp("all_gather", 2 * per, gf) + tp("reduce_scatter", 2 * per, gf)
+           + collective(hw, lay, "all_gather", kv_bytes, ("cp",), 2 * per, gap=gf))
+    bwd = (tp("all_gather", 2 * per, gb) + tp("reduce_scatter", 2 * per, gb)
+           + collective(hw, lay, "reduce_scatter", kv_bytes, ("cp",), 2 * per, gap=gb))
+    if m.experts:
+        sent = tokens * m.top_k * d * B
+        fwd += collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gf)
+        bwd += collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gb)
+    if stage == 0:  # the embedding: its output reduce-scattered over tp, the gradient gathered
+        fwd += tp("reduce_scatter", 1, gf)
+        bwd += tp("all_gather", 1, gb)
+    if stage == lay.pp - 1:  # the head's input gathered; the vocabulary-sharded logits gathered whole
+        fwd += tp("all_gather", 1, gf) + (0.0 if lay.loss_parallel else tp("all_gather", 1, gf, tokens * m.vocab * B))
+        bwd += tp("reduce_scatter", 1, gb)
+    redo = {"none": 0.0, "selective": 0.5, "full": 1.0}[lay.ac]  # recomputed in the backward
+    return {"forward": forward, "backward": backward + redo * forward, "forward_comm": fwd,
+            "backward_comm": bwd + redo * fwd, "send": tokens * d // t * B}
+
+
+def order(schedule, stages, stage, microbatches):
+    """The forwards and backwards of a stage in the order torch's schedules run them."""
+    if schedule == "GPipe":
+        return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+    warm = min(microbatches, stages - stage)  # 1F1B: a warm-up, then one backward, one forward
+    out, f = [("F", i) for i in range(warm)], warm
+    for b in range(microbatches):
+        out.append(("B", b))
+        if f < microbatches:
+            out.append(("F", f))
+            f += 1
+    return out
+
+
+def simulate(plans, ranks_per_stage, cores):
+    """Run the stages' plans side by side. A plan is a list of ('work', s): s seconds of compute
+    at a rank's full speed; ('wait', s, part): a collective that blocks s seconds; ('send',
+    key, link, s): a transfer that takes s seconds once the link is free; ('recv', key): wait
+    for it. The ranks of every stage share `cores` cores (0: a device each): with k ranks
+    computing, each runs at cores / k of its speed. Returns each stage's end and its seconds
+    by part (compute, each wait's part, 'bubble' for receiving)."""
+    n, now = len(plans), 0.0
+    at, left, end = [0] * n, [None] * n, [None] * n
+    arrive, free = {}, {}
+    parts = [{"compute": 0.0, "bubble": 0.0} for _ in range(n)]
+    if not cores:  # a device each: every step starts when its stage and its input are ready
+        clock = [0.0] * n
+        while None in end:
+            for s in range(n):
+                while end[s] is None:
+                    if at[s] == len(plans[s]):
+                        end[s] = clock[s]
+                        break
+                    step = plans[s][at[s]]
+                    if step[0] == "recv":
+                        if step[1] not in arrive:
+                            break  # its sender has not sent it yet: another stage moves first
+                        parts[s]["bubble"] += max(0.0, arrive[step[1]] - clock[s])
+                        clock[s] = max(clock[s], arrive[step[1]])
+                    elif step[0] == "send":  # one sender a link: its sends come in time order
+                        start = max(clock[s], free.get(step[2], 0.0))
+                        free[step[2]] = arrive[step[1]] = start + step[3]
+                    else:
+                        part = "compute" if step[0] == "work" else step[2]
+                        parts[s][part] = parts[s].get(part, 0.0) + step[1]
+                        clock[s] += step[1]
+                    at[s] += 1
+        return end, parts
+    while None in end:
+        moved = True
+        while moved:  # everything that takes no time
+            moved = False
+            for s in range(n):
+                if end[s] is not None:
+                    continue
+                if at[s] == len(plans[s]):
+                    end[s], moved = now, True
+                    continue
+                step = plans[s][at[s]]
+                if step[0] == "send":
+                    start = max(now, free.get(step[2], 0.0))
+                    free[step[2]] = arrive[step[1]] = start + step[3]
+                elif step[0] == "recv" and arrive.get(step[1], math.inf) > now:
+                    continue
+                elif step[0] in ("work", "wait"):
+                    if left[s] is None:
+                        left[s] = step[1]
+                    if left[s] > 1e-12:
+                        continue
+                    left[s] = None
+                at[s] += 1
+                moved = True
+        live = [s for s in range(n) if end[s] is None]
+        if not live:
+            break
+        busy = [s for s in live if plans[s][at[s]][0] == "work"]
+        speed = min(1.0, cores / (len(busy) * ranks_per_stage)) if cores and busy else 1.0
+        gaps = [left[s] / speed for s in busy]
+        gaps += [left[s] for s in live if plans[s][at[s]][0] == "wait"]
+        gaps += [arrive[plans[s][at[s]][1]] - now for s in live
+                 if plans[s][at[s]][0] == "recv" and plans[s][at[s]][1] in arrive]
+        gap = min(gaps)  # the plans are built so that some stage can always move
+        for s in live:
+            step = plans[s][at[s]]
+            if step[0] == "work":
+                left[s] -= gap * speed
+                parts[s]["compute"] += gap
+            elif step[0] == "wait":
+                left[s] -= gap
+                parts[s][step[2]] = parts[s].get(step[2], 0.0) + gap
+            else:
+                parts[s]["bubble"] += gap
+        now += gap
+    return end, parts
+
+
+def ddp_exposed(hw, lay, pol, backward, stage_bytes):
+    """DDP's buckets (1 MiB first, then 25 MiB, last layers first) each all-reduced once
+    backward has made it, one after another; with hw.overlap they run beside the backward
+    and what ends after it shows, else all of it."""
+    buckets, left, cap = [], stage_bytes, 2**20
+    while left > 0:
+        buckets.append(min(cap, left))
+        left -= buckets[-1]
+        cap = 25 * 2**20
+    end, made = 0.0, 0.0
+    for size in buckets:
+        made += size
+        ready = backward * made / stage_bytes if hw.overlap else backward
+        gap = max(0.0, ready - end)  # the link rested since the last bucket
+        end = max(end, ready) + collective(hw, lay, "all_reduce", size, ("dp_replicate",), gap=gap)
+    return max(0.0, end - backward)
 
 
 def step(m, lay, pol, hw, batch, seq):
-    """Seconds of one optimizer step on the busiest rank, by part. The overlap rule: with
-    hw.overlap, FSDP's gathers and reductions and DDP's all-reduce run beside compute and
-    only what exceeds it shows (plus the first gather); TP, CP, EP collectives and the
-    pipeline's sends are always in the way."""
-    t, cp = lay.tp, lay.cp
-    mb = lay.microbatches if lay.pp > 1 else 1
+    """Seconds of one optimizer step on the rank that ends last, by part. Each stage's
+    micro-batches run in the schedule's order, a pipeline's activations cross the link
+    between stages, and ranks share hw.cores (simulate). The overlap rule: TP, CP and EP
+    collectives block; FSDP's gathers and reductions run beside compute on their own streams
+    (hw.streams, a GPU) and block otherwise (gloo: every call waits); DDP's bucket
+    all-reduces run beside the backward where the link, not a core, is busy (hw.overlap)."""
+    mb = lay.microbatches if lay.pp > 1 else lay.accumulate
     rows = batch // lay.data_parallel // mb
-    tokens = rows * seq // cp  # this rank's tokens in one micro-batch
-    per = -(-m.layers // lay.pp)  # the busiest stage's blocks
-    f8 = pol.float8
-    share = 1.0
-    if hw.cores:  # ranks of a node share its cores: each runs at cores / ranks of the rate
-        share = max(1.0, min(lay.world, hw.gpus_per_node) / hw.cores)
+    per = -(-m.layers // lay.pp)
+    cost = [microbatch(m, lay, pol, hw, rows, seq, s) for s in range(lay.pp)]
+    fsdp_axes = ("dp_shard", "cp", "ep")
+    shard_n = math.prod(getattr(lay, a) for a in fsdp_axes)
+    slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0  # every rank computing at once
+    plans, elems, sync = [], [], 0.0
+    for s in range(lay.pp):
+        params = stage_parameters(m, lay, s)
+        embed = (m.vocab // lay.tp) * m.dim * ((s == 0 or (s == lay.pp - 1 and m.tied))
+                                               + (not m.tied and s == lay.pp - 1))
+        root = embed + m.dim * (s == lay.pp - 1)
+        block = (sum(r * c for r, c, _ in params) - root) / per
+        gather = ag = rs = ar = 0.0
+        if fsdp_on(lay):  # per group: the blocks and the root (embedding, final norm)
+            times = 1 if lay.pp > 1 else 2  # a pipeline keeps its stage gathered
+            # a forward gather follows a block's forward; in the backward a block's reduction and
+            # the next gather follow its backward together; a pipeline reduces all at the end
+            gf, gb = (cost[s][k] * slow / per for k in ("forward", "backward"))
+            gb = gb / 2 if lay.pp == 1 else 0.0
 
-    def mm(a, b, c):  # forward and the two backward matmuls
-        return share * sum(2 * x * y * z / matmul_rate(hw, x, y, z, f8) for x, y, z in
-                           ((a, b, c), (a, c, b), (b, a, c)))
-    d, h = m.dim, m.ffn
-    block = mm(tokens, d, d // t) * 2 + mm(tokens, d, m.kv_dim // t) * 2
-    mlp = mm(tokens, d, h // t) * (3 if m.gated else 2)
-    if m.experts:
-        routed = tokens * m.top_k // max(1, m.experts // lay.ep) * lay.ep  # rows an expert gets
-        block += mm(routed, d, h) * (3 if m.gated else 2) * (m.experts // lay.ep) + mlp * m.shared
-        block += mm(tokens, d, m.experts)
-    else:
-        block += mlp
-    hd, span = d // m.heads, seq if m.mask else seq // 2  # a mask: every score computed
-    attn_flops = 3 * 4 * rows * m.heads // t * (seq // cp) * span * hd  # q k^T, p v; backward 2x
-    attn = share * attn_flops / (hw.attention or matmul_rate(hw, seq // cp, hd, span))
-    ops = 40 * (1 + (lay.ac != "none")) + 30 * (t > 1) + 10 * (cp > 1) + 20 * bool(m.experts)
-    # element-wise work (norms, activations, rotary, casts) reads and writes about what
-    # autograd would keep without checkpointing, once forward and twice backward
-    plain = Layout(**{**asdict(lay), "ac": "none"})
-    elementwise = share * 3 * activations(m, plain, pol, rows, seq // cp, -1) / max(per, 1) / hw.bandwidth
-    recompute = {"none": 0.0, "selective": 0.5, "full": 1.0}[lay.ac] / 3
-    per_block = (block + attn) * (1 + recompute) + elementwise + ops * hw.op_seconds * share
-    head = mm(tokens, d, m.vocab // t)  # the last stage's: the busiest rank
-    compute_mb = per * per_block + head
-    # communication of one micro-batch, exposed
-    x_bytes = tokens * d * pol.compute
-    fwd = 1 + (lay.ac != "none")
-    exposed = 0.0
-    exposed += collective(hw, lay, "all_gather", x_bytes, ("tp",), per * 2 * (fwd + 1))
-    exposed += collective(hw, lay, "reduce_scatter", x_bytes, ("tp",), per * 2 * (fwd + 1))
-    kv_bytes = rows * seq * m.kv_dim // t * pol.compute
-    exposed += collective(hw, lay, "all_gather", kv_bytes, ("cp",), per * 2 * fwd)
-    exposed += collective(hw, lay, "reduce_scatter", kv_bytes, ("cp",), per * 2)
-    if m.experts:
-        sent = tokens * m.top_k * d * pol.compute
-        exposed += 2 * (fwd + 1) * per * collective(hw, lay, "all_to_all", sent * lay.ep, ("ep",))
-    p2p = collective(hw, lay, "send_recv", x_bytes / t, ("pp",), 2) if lay.pp > 1 else 0.0
-    # the pipeline: (micro-batches + stages - 1) slots of one micro-batch's forward+backward
-    slots = mb + lay.pp - 1
-    if lay.schedule == "Interleaved1F1B" and lay.pp > 1:
-        slots = mb + (lay.pp - 1) / 2
-    compute = slots * compute_mb
-    in_the_way = slots * (exposed + p2p)
-    # data parallelism over the whole step
-    stage_params = sum(r * c for r, c, _ in stage_parameters(m, lay, 0))
-    block_bytes = stage_params / max(per, 1)
-    fsdp = 0.0
-    if fsdp_on(lay):
-        axes = ("dp_shard", "cp", "ep")
-        gathers = 2 if lay.pp == 1 else 1
-        ag = collective(hw, lay, "all_gather", block_bytes * pol.compute, axes, per * gathers)
-        rs = collective(hw, lay, "reduce_scatter", block_bytes * pol.reduce, axes, per)
-        fsdp = ag + rs
-        if lay.dp_replicate > 1:
-            fsdp += collective(hw, lay, "all_reduce", stage_params * pol.reduce / math.prod(
-                getattr(lay, a) for a in axes), ("dp_replicate",), per)
-        if hw.overlap:
-            fsdp = max(0.0, fsdp - compute) + ag / (per * gathers)
-    elif lay.dp_replicate > 1:
-        total = stage_params * pol.reduce
-        buckets = max(1, math.ceil(total / (25 * 2**20)))
-        fsdp = collective(hw, lay, "all_reduce", total, ("dp_replicate",), buckets)
-        if hw.overlap:
-            fsdp = max(fsdp / buckets, fsdp - compute)
+            def fsdp(kind, size, calls, gap, axes=fsdp_axes):
+                return collective(hw, lay, kind, size, axes, calls, gap=gap)
+            ag = (fsdp("all_gather", block * pol.compute, per, gf) + fsdp("all_gather", root * pol.compute, times, gf)
+                  + fsdp("all_gather", block * pol.compute, per * (times - 1), gb))
+            rs = (fsdp("reduce_scatter", block * pol.reduce, per, gb)
+                  + fsdp("reduce_scatter", root * pol.reduce, 1, gb))
+            ar = (fsdp("all_reduce", block * pol.reduce / shard_n, per, 0.0, ("dp_replicate",))
+                  + fsdp("all_reduce", root * pol.reduce / shard_n, 1, 0.0, ("dp_replicate",)))
+            gather = ag / ((per + 1) * times)
+        work, plan, after = cost[s], [], 0.0
+        busy = mb * (work["forward"] + work["backward"])
+        if fsdp_on(lay) and lay.pp > 1:  # gathered before the first forward, reduced after the last
+            plan.append(("wait", gather if hw.streams else ag, "data_parallel"))  # backward: nothing
+            after = rs + ar + (max(0.0, ag - gather - busy) if hw.streams else 0.0)  # hides them
+        elif fsdp_on(lay) and hw.streams:  # beside this stage's compute, but the first gather
+            after = max(0.0, ag + rs + ar - busy) + gather
+        sends = {up: collective(hw, lay, "send_recv", work["send"], ("pp",), ranks=2,
+                                gap=work["forward" if up else "backward"] * slow) for up in (True, False)}
+        for kind, i in order(lay.schedule, lay.pp, s, mb):
+            up = kind == "F"
+            if (s > 0 if up else s < lay.pp - 1):
+                plan.append(("recv", (kind, s, i)))
+            plan.append(("work", work["forward" if up else "backward"]))
+            plan.append(("wait", work["forward_comm" if up else "backward_comm"], "tp_cp_ep_pp"))
+            if lay.pp == 1 and fsdp_on(lay) and not hw.streams:  # each call blocks, in order
+                plan.append(("wait", ag / 2 + (0.0 if up or i < mb - 1 else rs + ar), "data_parallel"))
+            to = s + 1 if up else s - 1
+            if 0 <= to < lay.pp:
+                plan.append(("send", (kind, to, i), (kind, min(s, to)), sends[up]))
+        plan.append(("wait", after, "data_parallel"))
+        plans.append(plan)
+        elems.append(sum(r * c for r, c, _ in params))
+    end, parts = simulate(plans, lay.world // lay.pp, hw.cores)
+    last = max(range(lay.pp), key=lambda s: end[s])
+    out = {k: parts[last].get(k, 0.0) for k in ("compute", "bubble", "tp_cp_ep_pp", "data_parallel")}
+    if lay.schedule == "Interleaved1F1B":  # two chunks a rank: the idle slots halve (simulated as 1F1B)
+        out["bubble"] /= 2
+    if lay.dp_replicate > 1 and not fsdp_on(lay):  # DDP
+        speed = min(1.0, hw.cores / lay.world) if hw.cores else 1.0
+        out["data_parallel"] += ddp_exposed(hw, lay, pol, cost[0]["backward"] / speed, elems[0] * pol.reduce)
+    if lay.zero and lay.dp_replicate > 1:  # each replica updated its share: the weights gathered again
+        out["data_parallel"] += collective(hw, lay, "all_gather", max(elems) * pol.compute, ("dp_replicate",))
+    # after the schedule: the tied embedding's gradient summed over the first and last stage,
+    # the gradient norm (one all-reduce of every rank), the loss averaged (and sent across stages)
+    if lay.pp > 1 and m.tied:
+        local = m.vocab // lay.tp * m.dim / (shard_n if fsdp_on(lay) else 1)
+        sync += collective(hw, lay, "all_reduce", local * pol.reduce, ("pp",), ranks=2,
+                           gap=cost[0]["backward"] * slow)
+    everyone = tuple(a for a in AXES if getattr(lay, a) > 1)
+    sync += collective(hw, lay, "all_reduce", 8, everyone)
+    sync += collective(hw, lay, "all_reduce", 8, ("dp_replicate", "dp_shard", "cp", "ep"))
+    sync += collective(hw, lay, "all_reduce", 8, ("pp",))
+    out["sync"] = sync
     local = memory(m, lay, pol, batch, seq)["parameters"] / pol.param
-    optimizer = local * (pol.param * 2 + pol.state * 4) / hw.bandwidth * (share if hw.cores else 1)
-    optimizer += 8 * hw.op_seconds * len(stage_parameters(m, lay, 0)) * share
-    parts = {"compute": compute, "bubble": compute * (slots - mb) / slots if slots else 0.0,
-             "tp_cp_ep_pp": in_the_way, "data_parallel": fsdp, "optimizer": optimizer}
-    parts["total"] = compute + in_the_way + fsdp + optimizer
-    return parts
+    speed = min(1.0, hw.cores / lay.world) if hw.cores else 1.0
+    optimizer = local * (pol.param * 2 + pol.state * 4) / hw.bandwidth
+    optimizer += 12 * hw.op_seconds * len(stage_parameters(m, lay, 0))
+    out["optimizer"] = optimizer / speed
+    out["total"] = sum(out.values())
+    return out
 
 
 def flops(m, batch, seq):
@@ -383,32 +629,75 @@ def predict(m, lay, pol, hw, batch, seq):
             "peak_used": peak}
 
 
-def measure(path, threads=1, seconds=0.1):
-    """This machine's matmul rate per shape (one thread, as each rank runs), its memory
-    bandwidth and the time of one small operation: written to path (JSON)."""
-    torch.set_num_threads(threads)
-
-    def timed(fn):
+def _timed(fn, seconds):
+    fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
         fn()
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            fn()
-            n += 1
-        return (time.perf_counter() - start) / n
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def _busy(barrier, out, seconds):
+    """One of several processes: the rate of a middle-sized matmul while the others run theirs."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    barrier.wait()
+    out.put(2 * 256**3 / _timed(lambda: a @ b, seconds))
+
+
+def _tp_module(seconds):
+    """What a tensor-parallel module adds to a forward and backward: a column- and a row-split
+    Linear on a mesh of one rank against the same two plain, tiny (its own work is DTensor's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.randn(2, 4, 4)
+        pair = [torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False))
+                for _ in range(2)]
+        parallelize_module(pair[1], init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        plain, split = (_timed(lambda m=m: m(x).sum().backward(), 10 * seconds) for m in pair)
+        return max(0.0, split - plain) / 2
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(path, ranks=1, seconds=0.1):
+    """This machine's matmul rate per shape (one thread, as each rank runs), its memory
+    bandwidth, the time of one small operation, what a tensor-parallel module adds, and the
+    cores `ranks` busy processes get (their matmul rate together over one process's alone):
+    written to path (JSON)."""
+    torch.set_num_threads(1)
     rows = []
     for m_ in (64, 256, 1024):
         for k in (16, 64, 256, 1024):
             for n in (16, 64, 256, 1024):
                 a, b = torch.randn(m_, k), torch.randn(k, n)
-                rows.append([m_, k, n, 2 * m_ * k * n / timed(lambda a=a, b=b: a @ b)])
+                rows.append([m_, k, n, 2 * m_ * k * n / _timed(lambda a=a, b=b: a @ b, seconds)])
     big = torch.randn(2**22)
-    bandwidth = 2 * big.numel() * 4 / timed(lambda: big.mul(1.0001))
+    bandwidth = 2 * big.numel() * 4 / _timed(lambda: big.mul(1.0001), seconds)
     tiny = torch.randn(8)
-    op = timed(lambda: tiny.add(1.0))
+    op = _timed(lambda: tiny.add(1.0), seconds)
+    alone = next(r[3] for r in rows if r[:3] == [256, 256, 256])
+    cores = 0.0
+    if ranks > 1:
+        ctx = multiprocessing.get_context("fork")
+        barrier, out = ctx.Barrier(ranks), ctx.Queue()
+        procs = [ctx.Process(target=_busy, args=(barrier, out, 10 * seconds)) for _ in range(ranks)]
+        for proc in procs:
+            proc.start()
+        rates = [out.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        cores = sum(rates) / alone
+    tp_module = _tp_module(seconds)
     hw = Hardware(name="this-machine", peak=max(r[3] for r in rows), memory=os.sysconf("SC_PAGE_SIZE")
                   * os.sysconf("SC_PHYS_PAGES"), bandwidth=bandwidth, gpus_per_node=64,
-                  op_seconds=op, matmul=rows, overlap=False, cores=os.cpu_count() or 1,
-                  sources={"all": f"measured by plan_cost.py --measure, {time.strftime('%Y-%m-%d')}"})
+                  op_seconds=op, tp_module_seconds=tp_module, matmul=rows, backend="gloo", streams=False,
+                  overlap=False,
+                  cores=cores, sources={"all": f"measured by plan_cost.py --measure, {time.strftime('%Y-%m-%d')}"})
     if os.path.exists(path):
         with open(path) as f:
             hw.links = json.load(f).get("links", hw.links)
@@ -416,50 +705,85 @@ def measure(path, threads=1, seconds=0.1):
         json.dump(asdict(hw), f)
 
 
-def sweep(path, sizes=(2**10, 2**14, 2**18, 2**21), repeats=5):
-    """Under torchrun: all-reduces of each size on every rank; alpha and beta of the link
-    fitted by least squares (time = alpha x 2(n-1) + beta x wire bytes); rank 0 adds them
-    to path as the 'node' level (and 'net', which only a second node can measure)."""
-    dist.init_process_group("gloo")
-    n = dist.get_world_size()
-    samples = []
-    for size in sizes:
-        x = torch.zeros(size // 4)
-        dist.all_reduce(x)
-        times = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - start)
-        samples.append((2 * (n - 1), 2 * (n - 1) / n * size, sorted(times)[len(times) // 2]))
-    start = time.perf_counter()
-    for _ in range(20):
-        dist.barrier()
-    barrier = (time.perf_counter() - start) / 20
+def fit(samples):
+    """alpha, beta, burst of a link from [(messages in a row, bytes on the link, seconds)] of
+    one kind of call: alpha from the three smallest calls (their bytes pass at once, only
+    latency is left: the middle one of them), then seconds - messages x alpha = beta x
+    max(0, bytes - burst) by least squares for each burst tried (0 and each sampled size but
+    the two largest), the best kept. A burst is what a tc tbf link passes at once after a
+    pause (its bucket); a real link has none."""
+    small = sorted(samples, key=lambda x: x[1])[:3]
+    alpha = sorted(t / k for k, _, t in small)[1]  # the middle one of the three smallest calls
+    best = None
+    for burst in [0.0] + sorted({x[1] for x in samples})[:-2]:
+        rows = [(max(0.0, w - burst), t - k * alpha) for k, w, t in samples]
+        beta = sum(w * t for w, t in rows) / sum(w * w for w, _ in rows)
+        error = sum((beta * w - t) ** 2 for w, t in rows)
+        if beta > 0 and (best is None or error < best[0]):
+            best = (error, [alpha, beta, burst])
+    return best[1]
+
+
+def sweep(path, repeats=5):
+    """Under torchrun: all-reduces of several sizes inside every node at once (the ranks of a
+    node share its cores, as in training) and, with several nodes, across them (one rank a
+    node, one transfer on each link): alpha, beta and burst of each link level (fit), added
+    to path (JSON) by rank 0."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = world // local
+    inside = [dist.new_group(list(range(k * local, (k + 1) * local))) for k in range(nodes)]
+    mine = list(range(rank // local * local, (rank // local + 1) * local))
+    levels = {"node": (inside[rank // local], mine, (2**10, 2**14, 2**16, 2**18, 2**20, 2**22))}
+    if nodes > 1:
+        across = list(range(0, world, local))
+        levels["net"] = (dist.new_group(across), across,
+                         (2**10, 2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20, 2**21))
+    found = {}
+    for level, (group, ranks, sizes) in levels.items():
+        n = len(ranks)
+        samples = []
+        for size in sizes:
+            x = torch.zeros(size // 4)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                time.sleep(0.05)  # a pause, as compute makes between collectives
+                start = time.perf_counter()
+                if rank in ranks and n > 1:
+                    dist.all_reduce(x, group=group)
+                times.append(time.perf_counter() - start)
+            samples.append((2 * (n - 1), 2 * (n - 1) / n * size, sorted(times)[len(times) // 2]))
+        found[level] = samples
+    dist.barrier()
     dist.destroy_process_group()
-    if int(os.environ.get("RANK", "0")):
+    if rank:
         return
-    sxx = sum(a * a for a, _, _ in samples)
-    sxy = sum(a * b for a, b, _ in samples)
-    syy = sum(b * b for _, b, _ in samples)
-    sxt = sum(a * t for a, _, t in samples)
-    syt = sum(b * t for _, b, t in samples)
-    det = sxx * syy - sxy * sxy
-    alpha, beta = (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
     hw = json.load(open(path)) if os.path.exists(path) else asdict(Hardware())
-    hw["links"] = {"node": [max(alpha, 0.0), beta], "net": [max(alpha, 0.0), beta]}
-    hw["collective_seconds"] = max(0.0, barrier - 2 * max(alpha, 0.0))
-    hw.setdefault("sources", {})["links"] = f"gloo all-reduce sweep on {n} ranks"
+    hw["links"] = {level: fit(samples) for level, samples in found.items() if samples[0][0]}
+    hw["sweep"] = found
+    hw["links"].setdefault("net", hw["links"].get("node", [0.0, 0.0, 0.0]))
+    hw["links"].setdefault("node", hw["links"]["net"])
+    hw["gpus_per_node"], hw["collective_seconds"] = local if nodes > 1 else hw.get("gpus_per_node", local), 0.0
+    hw.setdefault("sources", {})["links"] = (f"gloo all-reduce sweep, {nodes} node(s) x {local} ranks, "
+                                             f"{time.strftime('%Y-%m-%d')}")
     with open(path, "w") as f:
         json.dump(hw, f)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit status 2, nothing started or written
+        sys.stderr.write(f"plan_cost.py: {message}\n")
+        raise SystemExit(2)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="plan_cost.py", description=__doc__.splitlines()[0])
-    p.add_argument("--measure", metavar="FILE")
-    p.add_argument("--sweep", metavar="FILE")
-    p.add_argument("--hardware", metavar="FILE")
+    p = Parser(prog="plan_cost.py", description=__doc__.splitlines()[0])
+    p.add_argument("--measure", metavar="FILE", help="measure this machine into FILE (JSON)")
+    p.add_argument("--sweep", metavar="FILE", help="under torchrun: add each link level to FILE")
+    p.add_argument("--ranks", type=int, default=1, help="with --measure: busy processes sharing the cores")
+    p.add_argument("--hardware", metavar="FILE", help="predict with the hardware in FILE")
     for name, value in asdict(Model()).items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else int
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
@@ -470,16 +794,32 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     a = p.parse_args(argv)
+    for name in ("measure", "sweep"):
+        path = getattr(a, name)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"--{name} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
     if a.measure:
-        return measure(a.measure)
+        if a.ranks < 1:
+            p.error(f"--ranks {a.ranks}: must be at least 1")
+        return measure(a.measure, a.ranks)
     if a.sweep:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            p.error("--sweep: run it under torchrun (it times all-reduces between the ranks)")
         return sweep(a.sweep)
     if not a.hardware or not os.path.isfile(a.hardware):
-        p.error("--hardware FILE: the hardware's figures (write them with --measure)")
-    with open(a.hardware) as f:
-        hw = Hardware(**json.load(f))
+        p.error(f"--hardware {a.hardware or 'FILE'}: no such file (write one with --measure and --sweep)")
     m = Model(**{k: getattr(a, k) for k in asdict(Model())})
     lay = Layout(**{k: getattr(a, k) for k in asdict(Layout())})
+    for name in ("layers", "dim", "heads", "ffn", "vocab", "batch", "seq", "bytes", *AXES, "microbatches"):
+        value = getattr(a, name)
+        if value < 1:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if m.dim % m.heads or m.layers % lay.pp or m.heads % lay.tp or a.batch % (lay.data_parallel * (
+            lay.microbatches if lay.pp > 1 else lay.accumulate)):
+        p.error(f"the layout {lay.pp}x{lay.dp_replicate}x{lay.dp_shard}x{lay.cp}x{lay.ep}x{lay.tp} does not "
+                "divide the model (heads by tp, layers by pp, the batch by the data-parallel ranks and micro-batches)")
+    with open(a.hardware) as f:
+        hw = Hardware(**json.load(f))
     pol = Policy(param=a.bytes, compute=a.bytes, reduce=a.bytes, state=a.bytes)
     out = predict(m, lay, pol, hw, a.batch, a.seq)
     print(json.dumps({"peak_memory": out["peak_memory"], "memory_rank0": out["memory"][0],

@@ -197,8 +197,9 @@ def provenance(report: dict | None, suite: str = "") -> str:
 
 def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:
     """(name, value, anchor) for every ratio of a suite's report."""
-    anchors = ANCHORS.get(report["suite"], {})
-    return [(name, value, anchors.get(name, Anchor(name, "", ""))) for name, value in report["ratios"].items()]
+    anchors = ANCHORS.get(report["suite"], {})  # "kind: *" anchors every "kind: case" ratio
+    return [(name, value, anchors.get(name) or anchors.get(name.split(": ")[0] + ": *", Anchor(name, "", "")))
+            for name, value in report["ratios"].items()]
 
 
 def spread_text(report: dict, name: str) -> str:

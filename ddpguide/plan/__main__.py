@@ -2,6 +2,8 @@
 
     python -m ddpguide.plan --model llama3-8b --gpus 8 --hardware H100 --seq 8192 --global-batch 16
     python -m ddpguide.plan --model gpt --gpus 4 --gpus-per-node 2 --hardware this-machine --json
+    python -m ddpguide.plan --model gpt --dim 256 --layers 2 --gpus 4 --gpus-per-node 2 \
+        --hardware cluster --link 20mbit --runnable          (root: chapter 15's emulated cluster)
 
 Every input is checked before anything runs or is written: one line on stderr, exit 2.
 """
@@ -31,7 +33,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, help="(default: the hardware's)")
     p.add_argument("--hardware", default="H100",
-                   help=f"{', '.join(catalog.HARDWARE)}, this-machine (measured now), cluster, or a JSON file")
+                   help=f"{', '.join(catalog.HARDWARE)}, this-machine (measured now), cluster (chapter 15's "
+                   "emulated nodes, measured now), or a JSON file")
+    p.add_argument("--link", help="with --hardware cluster: the rate of each node's link (default 20mbit)")
     p.add_argument("--dtype", default="", help=f"one of {', '.join(catalog.POLICIES)} "
                    "(default: float32 on this machine, bf16 on a GPU)")
     p.add_argument("--seq", type=int, default=0, help="tokens a sequence (default: 64, 8192 for Llama)")
@@ -60,10 +64,24 @@ def check(args) -> str | None:
         import os
         if not os.path.isfile(args.hardware):
             return f"--hardware {args.hardware}: no such file"
+    if args.link is not None and args.hardware != "cluster":
+        return f"--link {args.link}: only with --hardware cluster"
     if args.hardware == "cluster":
-        import importlib.util
-        if importlib.util.find_spec("ddpguide.cluster") is None:
-            return "--hardware cluster: chapter 15's emulated cluster (ddpguide.cluster) is not installed"
+        from ddpguide.cluster.netns import missing_prerequisite
+        from ddpguide.cluster.spec import MAX_NODES, parse_rate
+        from ddpguide.core.commands import InputError
+
+        per_node = args.gpus_per_node or 2
+        if args.gpus % per_node or not 2 <= args.gpus // per_node <= MAX_NODES:
+            return (f"--gpus {args.gpus}: with --hardware cluster, 2 to {MAX_NODES} nodes of "
+                    f"--gpus-per-node {per_node}")
+        try:
+            parse_rate(args.link or "20mbit", "--link")
+        except InputError as error:
+            return str(error)
+        missing = missing_prerequisite()
+        if missing:
+            return f"--hardware cluster: {missing}"
     shape = {**catalog.MODELS[args.model][0],
              **{k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None}}
     if shape["dim"] % shape["heads"]:
@@ -74,10 +92,20 @@ def check(args) -> str | None:
 
 
 def hardware_of(p, args):
+    """The hardware's figures: a data sheet, or measured now (this machine, or the cluster)."""
+    from ddpguide.plan import measure
+
     if args.hardware in catalog.HARDWARE:
         hw = catalog.hardware(p, args.hardware)
+    elif args.hardware == "cluster":
+        from ddpguide.cluster import Spec, up
+
+        per_node = args.gpus_per_node or 2
+        with up(Spec(nodes=args.gpus // per_node, ranks_per_node=per_node, link=args.link or "20mbit")) as cluster:
+            print(f"measuring the emulated cluster ({cluster.spec.nodes} nodes x {per_node}, "
+                  f"{cluster.spec.link} links)...", file=sys.stderr, flush=True)
+            return measure.cluster_hardware(p, cluster)
     else:
-        from ddpguide.plan import measure
         hw = measure.hardware(p, args.hardware, ranks=min(args.gpus, 4))
     if args.gpus_per_node:
         hw.gpus_per_node = args.gpus_per_node
@@ -87,13 +115,13 @@ def hardware_of(p, args):
 def table(rows: list[dict], hw, top: int) -> str:
     gib = 2**30
     lines = ["| # | layout | memory GiB (limit) | step s | compute | bubble | tp/cp/ep/pp | data par. "
-             "| optimizer | tokens/s a GPU | MFU |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| sync | optimizer | tokens/s a GPU | MFU |", "|---:|---|" + "---:|" * 10]
     for i, r in enumerate(rows[:top] if top else rows):
         s = r["step"]
         fit = "" if r["fits"] else " **too big**"
         lines.append(f"| {i + 1} | {r['name']} | {r['peak_memory'] / gib:.3g} ({hw.memory / gib:.3g}){fit} "
                      f"| {s['total']:.4g} | {s['compute']:.3g} | {s['bubble']:.3g} | {s['tp_cp_ep_pp']:.3g} "
-                     f"| {s['data_parallel']:.3g} | {s['optimizer']:.3g} | {r['tokens_per_gpu']:.4g} "
+                     f"| {s['data_parallel']:.3g} | {s['sync']:.3g} | {s['optimizer']:.3g} | {r['tokens_per_gpu']:.4g} "
                      f"| {r['mfu']:.1%} |")
     return "\n".join(lines)
 

@@ -22,6 +22,19 @@ MODELS: dict[str, tuple[dict, str]] = {
                         gated=True, tied=False, mask=False), "arXiv 2407.21783, table 3"),
     "llama3-405b": (dict(layers=126, dim=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
                          gated=True, tied=False, mask=False), "arXiv 2407.21783, table 3"),
+    # the Ultra-Scale Playbook's benchmark models (nanotron scripts/scaling_benchmarks.py)
+    "playbook-1b": (dict(layers=16, dim=2048, heads=32, ffn=8192, vocab=131072, gated=True, tied=True, mask=False),
+                    "nanotron scripts/scaling_benchmarks.py '1B' (1.34B with 32 key-value heads)"),
+    "playbook-3b": (dict(layers=28, dim=3072, heads=32, ffn=8192, vocab=131072, gated=True, tied=True, mask=False),
+                    "nanotron scripts/scaling_benchmarks.py '3B' (3.57B)"),
+    "playbook-8b": (dict(layers=32, dim=4096, heads=32, ffn=14336, vocab=131072, gated=True, tied=False,
+                         mask=False), "nanotron scripts/scaling_benchmarks.py '8B' (8.86B)"),
+    "playbook-80b": (dict(layers=80, dim=8192, heads=64, ffn=28672, vocab=131072, gated=True, tied=False,
+                          mask=False), "nanotron scripts/scaling_benchmarks.py '70B' (80.0B)"),
+    "smollm-1.7b": (dict(layers=24, dim=2048, heads=32, ffn=8192, vocab=49152, gated=True, tied=True, mask=False),
+                    "HuggingFaceTB/SmolLM-1.7B config (1.71B parameters)"),
+    "llama2-7b": (dict(layers=32, dim=4096, heads=32, ffn=11008, vocab=32000, gated=True, tied=False, mask=False),
+                  "Llama 2, arXiv 2307.09288 (6.74B parameters)"),
     "deepseek-moe-16b": (dict(layers=28, dim=2048, heads=16, ffn=1408, vocab=102400, experts=64,
                               top_k=6, shared=2, gated=True, tied=False, mask=False),
                          "DeepSeekMoE, arXiv 2401.06066, section 5 (its first dense layer "
@@ -31,6 +44,8 @@ MODELS: dict[str, tuple[dict, str]] = {
 _NVIDIA = "NVIDIA data sheet"
 _FA = ("FlashAttention-3, arXiv 2407.08608, figure 5: FlashAttention-2 on H100 SXM5, bf16, "
        "head dim 128, about 350 TFLOPS forward")
+_FA_BWD = ("FlashAttention-3, arXiv 2407.08608, figure 'Attention backward speed, head dim 128 (H100 80GB "
+           "SXM5)': FlashAttention-2 318 TFLOPS at 8k, 322 at 16k (FLOPs counted as 2.5 x the forward's)")
 _MAMF = ("stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul "
          "FLOPS comparison table' (bf16)")
 #: name -> the hardware's figures (plan_cost.Hardware fields) and their sources
@@ -38,8 +53,9 @@ HARDWARE: dict[str, dict] = {
     "H100": dict(name="H100", peak=989e12, peak_float8=1979e12, memory=80e9, bandwidth=3.35e12,
                  gpus_per_node=8, links={"node": [3e-6, 1 / 450e9], "net": [10e-6, 1 / 50e9]},
                  collective_seconds=10e-6, ceiling=0.801, overlap=True, attention=350e12,
+                 attention_backward=320e12,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, H100 SXM (dense bf16, fp8)",
-                          "attention": _FA,
+                          "attention": _FA, "attention backward": _FA_BWD,
                           "node link": "NVLink 4: 900 GB/s both ways, 450 each",
                           "net link": "400 Gb/s a GPU (ConnectX-7)",
                           "ceiling": f"{_MAMF}: H100 SXM 792.1 of 989 TFLOPS",
@@ -47,7 +63,9 @@ HARDWARE: dict[str, dict] = {
     "H200": dict(name="H200", peak=989e12, peak_float8=1979e12, memory=141e9, bandwidth=4.8e12,
                  gpus_per_node=8, links={"node": [3e-6, 1 / 450e9], "net": [10e-6, 1 / 50e9]},
                  collective_seconds=10e-6, ceiling=0.801, overlap=True, attention=350e12,
+                 attention_backward=320e12,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, H200 SXM", "attention": _FA,
+                          "attention backward": _FA_BWD,
                           "node link": "NVLink 4, 450 GB/s each way", "net link": "400 Gb/s a GPU",
                           "ceiling": "H100's (the same compute die)",
                           "alpha, per-call": "assumed"}),

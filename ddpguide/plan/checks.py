@@ -1,4 +1,5 @@
-"""The planner's checks: rank correlation, the choice, and DTensor's built-in constants.
+"""The planner's checks: rank correlation, the choice, DTensor's built-in constants, and the
+GPT the time check runs on chapter 15's cluster.
 
 :func:`spearman` is Spearman's rank correlation (ties ranked by their mean); :func:`choice`
 is the measured step of the planner's best layout over the best measured step;
@@ -13,6 +14,11 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+
+#: the time check on chapter 15's emulated cluster: the GPT, its sequence and batch, the link
+#: between the nodes and the cluster's shape (4 ranks on this machine's 2 cores)
+TIME_MODEL = dict(layers=2, dim=256, heads=4, ffn=1024)
+TIME_SEQ, TIME_BATCH, LINK, NODES, RANKS_PER_NODE = 64, 8, "20mbit", 2, 2
 
 
 def _ranks(values: list[float]) -> list[float]:

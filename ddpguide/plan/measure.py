@@ -1,10 +1,13 @@
-"""What the planner's checks measure on this machine: the hardware's inputs (microbenchmarks
-only) and the capstone's ``train.py`` on a layout (its own counting of memory, its step).
+"""What the planner's checks measure: the hardware's inputs (microbenchmarks only) and the
+capstone's ``train.py`` on a layout (its own counting of memory, its step).
 
 :func:`hardware` runs ``plan_cost.py --measure`` (matmul rate per shape, memory bandwidth, the
-time of one small operation) and ``plan_cost.py --sweep`` under ``torchrun`` (alpha and beta of
-gloo's all-reduce). :func:`run_layout` runs ``gpt/train.py --cost`` on a layout and returns its
-``cost:`` record; :func:`options` turns a ``plan_cost.Layout`` into the program's options.
+time of one small operation, the cores the ranks get when all are busy) and ``plan_cost.py
+--sweep`` under ``torchrun`` (alpha, beta and burst of gloo's all-reduce), on this machine's
+loopback or across chapter 15's emulated cluster (:func:`cluster_hardware`).
+:func:`run_layout` runs ``gpt/train.py --cost`` on a layout and returns its ``cost`` record
+(:func:`run_on_cluster`: the same under ``torchrun --nnodes`` on the cluster's nodes);
+:func:`options` turns a ``plan_cost.Layout`` into the program's options.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from pathlib import Path
 from types import ModuleType
 
 from ddpguide.gpt import cost as gpt_cost
-from ddpguide.launch.programs import run, torchrun
+from ddpguide.gpt.layouts import PROGRAM as TRAIN
+from ddpguide.launch.programs import path_of, run, torchrun
+from ddpguide.launch.report import ReportError
 
 MEMORY = ("parameters", "gradients", "optimizer", "activations")
 
@@ -28,10 +33,11 @@ def hardware(p: ModuleType, which: str = "this-machine", ranks: int = 4, folder:
     if which.endswith(".json"):
         return p.Hardware(**json.loads(Path(which).read_text()))
     if which != "this-machine":
-        raise ValueError(f"hardware {which!r}: only this-machine is measured here")
+        raise ValueError(f"hardware {which!r}: this-machine, or cluster_hardware for the emulated cluster")
     folder = Path(folder or tempfile.mkdtemp(prefix="ddpguide-plan-"))
     path = folder / "hw.json"
-    run("plan_cost.py", "--measure", str(path), echo=False, timeout=300, workdir=folder / "measure")
+    run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,
+        workdir=folder / "measure")
     run("plan_cost.py", "--sweep", str(path), launcher=torchrun(ranks), echo=False, timeout=300,
         workdir=folder / "sweep", env={"OMP_NUM_THREADS": "1"})
     hw = p.Hardware(**json.loads(path.read_text()))
@@ -100,3 +106,54 @@ def memory_ratios(p: ModuleType, layout, model, policy, seq: int, batch: int, re
     per_rank = [a / b for a, b in zip(predicted, measured)]
     return {"peak": max(predicted) / max(measured), "worst_rank": max(per_rank, key=lambda r: abs(r - 1)),
             "predicted": max(predicted), "measured": max(measured)}
+
+
+def cluster_hardware(p: ModuleType, cluster, folder: Path | None = None):
+    """The hardware of a running emulated cluster: matmul rates, bandwidth and the cores its
+    ranks get (``--measure --ranks`` all of them, on the host: the nodes share its cores), and
+    each link level from ``--sweep`` across the nodes. A node's ranks share its one link."""
+    from ddpguide.cluster.launch import torchrun_on
+
+    folder = Path(folder or tempfile.mkdtemp(prefix="ddpguide-plan-cluster-"))
+    path = folder / "hw.json"
+    ranks = cluster.spec.nodes * cluster.spec.ranks_per_node
+    run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,
+        workdir=folder / "measure")
+    ended = torchrun_on(cluster, [str(path_of("plan_cost.py")), "--sweep", str(path)], 300, cwd=folder)
+    failed = [(e.stderr.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
+    if failed:
+        raise RuntimeError("plan_cost.py --sweep on the cluster: " + " | ".join(failed))
+    hw = p.Hardware(**json.loads(path.read_text()))
+    hw.name = f"cluster {cluster.spec.nodes} x {cluster.spec.ranks_per_node}, {cluster.spec.link}"
+    hw.nics, hw.overlap = 1, True  # one link a node, shared by its ranks; DDP's all-reduce waits on it
+    hw.gpus_per_node = cluster.spec.ranks_per_node
+    return hw
+
+
+def run_on_cluster(cluster, layout, model, seq: int, batch: int, dtype: str, steps: int = 5,
+                   timeout: float = 900.0, cache: str | None = None) -> dict:
+    """``train.py --cost`` on the layout across the cluster's nodes (one ``torchrun --nnodes`` a
+    node, as chapter 15 starts programs): the ``cost`` record of its report. ``cache`` as in
+    :func:`run_layout` (the link rate is part of the key)."""
+    from ddpguide.cluster.launch import torchrun_on
+
+    extra = (*model_options(model, seq, batch, dtype), "--steps", str(steps), "--clip", "1.0")
+    saved = None
+    if cache is not None:
+        key = " ".join((*options(layout), *extra, cluster.spec.link, str(cluster.spec.nodes)))
+        saved = Path(cache) / f"cluster-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+        if saved.is_file():
+            return json.loads(saved.read_text())
+    with tempfile.TemporaryDirectory(prefix="ddpguide-plan-run-") as folder:
+        report = Path(folder, "report.json")
+        program = [str(path_of(TRAIN)), *options(layout), *extra, "--cost", "--report", str(report)]
+        ended = torchrun_on(cluster, program, timeout, cwd=folder)
+        if any(e.returncode != 0 for e in ended) or not report.is_file():
+            tails = [f"node{k}: exit {e.returncode}: {(e.stderr.strip().splitlines() or [''])[-1]}"
+                     for k, e in enumerate(ended) if e.returncode != 0] or ["no report written"]
+            raise ReportError(f"{TRAIN} {' '.join(options(layout))} on the cluster: " + "; ".join(tails))
+        result = json.loads(report.read_text())["cost"]
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(result))
+    return result

@@ -1,20 +1,46 @@
 """Published GPU runs the planner is compared with (GPU, model only: nothing here ran them).
 
-torchtitan's Llama 3.1 benchmarks on H100 (``pytorch/torchtitan``,
-``benchmarks/llama3_h100_202412_torchtitan.md`` at commit
-``31a17bfdb70bab6f62a13d21816a5339b911d6e3``): each row its table, model, GPUs, layout, local
-batch, sequence, precision, activation checkpointing, and the reported tokens/s a GPU and
-memory (GiB). Rows with torch.compile or AsyncTP are predicted like eager ones: the cost
-model counts element-wise traffic unfused and TP's collectives exposed.
+* torchtitan's Llama 3.1 benchmarks on H100 (``TORCHTITAN``): each row its table, model,
+  GPUs, layout, local batch, sequence, precision, activation checkpointing, and the
+  reported tokens/s a GPU and memory (GiB). Rows with torch.compile or AsyncTP are
+  predicted like eager ones: the cost model counts element-wise traffic unfused and TP's
+  collectives exposed.
+* the Ultra-Scale Playbook's best configurations (``PLAYBOOK``): for each model size and
+  number of 8-GPU nodes, the layout (DP, TP, PP, gradient accumulation, micro-batch, ZeRO
+  stage) that reached the highest MFU among the thousands of runs it made with nanotron,
+  sequence 4,096, global batch 1M tokens. The figures are the text of the playbook's
+  heatmap (``assets/images/what_we_learnt_heatmap.svg``, whose labels are glyphs: read
+  back from their character codes). The model shapes are nanotron's benchmark script's.
+* picotron's two MFU figures (``PICOTRON``), from its README, which gives no layout: each
+  is set against the planner's best layout at the README's micro-batch settings.
+
+Each source's MFU is predicted the way that source counts it (its own FLOPs a token, the
+989.5 TFLOP/s H100 peak), so a ratio of MFUs is a ratio of tokens/s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from types import ModuleType
 
-SOURCE = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md "
-          "@ 31a17bfdb70bab6f62a13d21816a5339b911d6e3")
+SOURCES = {
+    "torchtitan": ("https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a5339b911d6e3/"
+                   "benchmarks/llama3_h100_202412_torchtitan.md"),
+    "playbook": ("https://huggingface.co/spaces/nanotron/ultrascale-playbook, section 'Finding the Best "
+                 "Training Configuration', its heatmap; read from the mirror "
+                 "https://github.com/vinjn/nanotron-ultrascale-playbook/blob/"
+                 "924e4d0b88e065a9a5198d75b113da1cf3bd4473/assets/images/what_we_learnt_heatmap.svg"),
+    "playbook models": ("https://github.com/huggingface/nanotron/blob/0e0a27ea83cfe1ba61332a00383bb8307dd9e13d/"
+                        "scripts/scaling_benchmarks.py (model_configs: layers, width, heads, MLP width; "
+                        "vocabulary 131,072; key-value heads = heads; tied below an MLP of 10,000); the "
+                        "MFU's FLOPs: get_flops in src/nanotron/models/llama.py @ "
+                        "03b83fc825418ac4f22d2fcea41514cdba6cedb9"),
+    "picotron": ("https://github.com/huggingface/picotron/blob/59714b1bf25541dbeb6f5a721ed15f6d0768e786/"
+                 "README.md (the MFU figures, the create_config.py commands); picotron/utils.py get_mfu "
+                 "(6 x parameters + 12 x layers x width x sequence a token, 989.5 TFLOP/s)"),
+}
+PEAK_MFU = 989.5e12  # the H100 peak picotron divides by (get_mfu); the Playbook's is taken the same
 
 # (table, technique, model, gpus, {axes}, local batch, seq, dtype, ac, schedule, tokens/s a GPU, GiB)
 TORCHTITAN = (
@@ -46,12 +72,38 @@ TORCHTITAN = (
      16, 84.9),
 )
 
+#: (nodes of 8 H100, model, DP, TP, PP, gradient accumulation, micro-batch, ZeRO stage, MFU %, memory GB)
+PLAYBOOK = (
+    (64, "playbook-1b", 128, 2, 2, 1, 2, 1, 5.25, 8.40), (64, "playbook-3b", 128, 4, 1, 1, 2, 1, 10.49, 16.42),
+    (64, "playbook-8b", 128, 4, 1, 1, 2, 0, 18.69, 57.76), (64, "playbook-80b", 32, 16, 1, 4, 2, 1, 17.79, 53.46),
+    (32, "playbook-1b", 64, 4, 1, 1, 4, 0, 23.20, 19.57), (32, "playbook-3b", 64, 4, 1, 1, 4, 0, 26.77, 38.98),
+    (32, "playbook-8b", 32, 8, 1, 1, 8, 0, 32.71, 63.39), (32, "playbook-80b", 4, 4, 16, 64, 1, 1, 30.75, 64.21),
+    (16, "playbook-1b", 64, 2, 1, 1, 4, 0, 29.46, 38.84), (16, "playbook-3b", 32, 4, 1, 1, 8, 0, 34.59, 66.20),
+    (16, "playbook-8b", 16, 8, 1, 2, 8, 0, 36.33, 66.88), (16, "playbook-80b", 1, 4, 32, 256, 1, 0, 34.29, 61.18),
+    (8, "playbook-1b", 32, 1, 2, 8, 1, 1, 32.47, 16.27), (8, "playbook-3b", 32, 1, 2, 8, 1, 1, 35.53, 36.73),
+    (8, "playbook-8b", 32, 1, 2, 8, 1, 1, 39.50, 59.09), (8, "playbook-80b", 1, 4, 16, 256, 1, 0, 30.65, 63.07),
+    (4, "playbook-1b", 16, 1, 2, 16, 1, 1, 38.38, 16.39), (4, "playbook-3b", 16, 1, 2, 8, 2, 1, 40.39, 53.33),
+    (4, "playbook-8b", 16, 1, 2, 16, 1, 1, 43.31, 61.10), (4, "playbook-80b", 1, 8, 4, 256, 1, 0, 14.76, 65.97),
+    (2, "playbook-1b", 8, 1, 2, 32, 1, 1, 41.59, 19.45), (2, "playbook-3b", 8, 1, 2, 16, 2, 1, 43.77, 54.31),
+    (2, "playbook-8b", 4, 4, 1, 16, 4, 1, 43.94, 58.34),
+    (1, "playbook-1b", 4, 1, 2, 16, 4, 1, 44.32, 41.76), (1, "playbook-3b", 4, 1, 2, 32, 2, 1, 46.68, 56.87),
+    (1, "playbook-8b", 2, 1, 4, 128, 1, 1, 45.22, 63.07),
+)
+PLAYBOOK_SEQ = 4096
 
-def compare(p: ModuleType, hardware: str = "H100-titan") -> list[dict]:
-    """Each published row beside the planner's prediction of it (tokens/s a GPU, memory)."""
-    from ddpguide.plan import catalog
+#: (model, GPUs, MFU %, micro-batch, sequence, gradient accumulation): picotron's README
+PICOTRON = (("smollm-1.7b", 8, 50.0, 4, 1024, 32), ("llama2-7b", 64, 38.0, 4, 1024, 32))
 
-    hw = catalog.hardware(p, hardware)
+
+def flops_per_token(m, seq: int) -> float:
+    """The FLOPs a token that nanotron's and picotron's MFU count: 6 x the matmul weights
+    (the head included) + 12 x layers x width x sequence (attention, no causal half)."""
+    per_layer = 2 * m.dim * m.dim + 2 * m.dim * m.kv_dim + m.ffn * m.dim * (3 if m.gated else 2)
+    return 6 * (m.layers * per_layer + m.vocab * m.dim) + 12 * m.layers * m.dim * seq
+
+
+def _torchtitan(p: ModuleType, catalog) -> list[dict]:
+    hw = catalog.hardware(p, "H100-titan")
     rows = []
     for table, technique, name, gpus, axes, local, seq, dtype, ac, schedule, tps, gib in TORCHTITAN:
         dp = axes.get("dp_shard", 1) * axes.get("dp_replicate", 1)
@@ -59,17 +111,105 @@ def compare(p: ModuleType, hardware: str = "H100-titan") -> list[dict]:
         layout = p.Layout(**axes, microbatches=microbatches, schedule=schedule, ac=ac,
                           loss_parallel=axes.get("tp", 1) > 1)
         assert layout.world == gpus, (technique, layout.world, gpus)
-        out = p.predict(catalog.model(p, name), layout, catalog.policy(p, dtype), hw, local * dp, seq)
-        rows.append({"source": f"torchtitan table {table}", "model": name, "gpus": gpus,
-                     "technique": technique, "seq": seq, "reported_tokens_per_gpu": tps,
-                     "predicted_tokens_per_gpu": out["tokens_per_gpu"],
-                     "ratio": out["tokens_per_gpu"] / tps, "reported_gib": gib,
-                     "predicted_gib": out["peak_memory"] / 2**30,
-                     "memory_ratio": out["peak_memory"] / 2**30 / gib})
+        policy = dataclasses.replace(catalog.policy(p, dtype), fused="compile" in technique or dtype == "float8")
+        out = p.predict(catalog.model(p, name), layout, policy, hw, local * dp, seq)
+        rows.append({"source": "torchtitan", "key": f"torchtitan table {table}, {name}, {technique}",
+                     "model": name, "gpus": gpus, "technique": technique, "seq": seq, "unit": "tokens/s a GPU",
+                     "reported": tps, "predicted": out["tokens_per_gpu"], "ratio": out["tokens_per_gpu"] / tps,
+                     "reported_gib": gib, "predicted_gib": out["peak_memory"] / 2**30,
+                     "memory_ratio": out["peak_memory"] / 2**30 / gib, "step": out["step"]})
     return rows
+
+
+def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: int):
+    """nanotron's layout in the program's terms: DP replicas (ZeRO-1 splits AdamW's state),
+    TP with sequence parallelism and a vocabulary-parallel loss, 1F1B over gas micro-batches."""
+    return p.Layout(pp=pp, dp_replicate=dp, tp=tp, microbatches=gas if pp > 1 else 1,
+                    accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1)
+
+
+def _mfu(p, model, layout, hw, batch: int, seq: int) -> tuple[float, dict]:
+    out = p.predict(model, layout, p.Policy(param=4, compute=2, reduce=4, state=4), hw, batch, seq)
+    return out["tokens_per_gpu"] * flops_per_token(model, seq) / PEAK_MFU * 100, out
+
+
+def _playbook(p: ModuleType, catalog) -> list[dict]:
+    hw = catalog.hardware(p, "H100")
+    rows = []
+    for nodes, name, dp, tp, pp, gas, mbs, zero, mfu, gb in PLAYBOOK:
+        layout = playbook_layout(p, dp, tp, pp, gas, zero)
+        assert layout.world == 8 * nodes, (nodes, name)
+        predicted, out = _mfu(p, catalog.model(p, name), layout, hw, dp * gas * mbs, PLAYBOOK_SEQ)
+        rows.append({"source": "playbook", "key": f"playbook, {name}, {nodes} nodes", "model": name,
+                     "gpus": 8 * nodes, "technique": f"DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs} ZeRO-{zero}",
+                     "seq": PLAYBOOK_SEQ, "unit": "MFU %", "reported": mfu, "predicted": predicted,
+                     "ratio": predicted / mfu, "reported_gib": gb * 1e9 / 2**30,
+                     "predicted_gib": out["peak_memory"] / 2**30, "step": out["step"]})
+    return rows
+
+
+def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_name: str = "H100"):
+    """The planner's best layout that fits, among the ones nanotron and picotron run (DP, TP,
+    PP, gradient accumulation), for a global batch of `batch` sequences."""
+    from ddpguide.plan import search
+
+    model, hw = catalog.model(p, name), catalog.hardware(p, hw_name)
+    found = None
+    for pp in (d for d in range(1, gpus + 1) if gpus % d == 0 and model.layers % d == 0):
+        for tp in (d for d in (1, 2, 4, 8) if (gpus // pp) % d == 0 and model.heads % d == 0):
+            dp = gpus // pp // tp
+            if batch % dp:
+                continue
+            for gas in (g for g in (1, 2, 4, 8, 16, 32, 64, 128, 256) if (batch // dp) % g == 0):
+                if pp > 1 and gas < pp:
+                    continue
+                layout = playbook_layout(p, dp, tp, pp, gas, 1 if dp > 1 else 0)
+                mfu, out = _mfu(p, model, layout, hw, batch, seq)
+                if out["peak_memory"] <= hw.memory and (found is None or mfu > found[0]):
+                    found = (mfu, layout, out)
+    if found is None:
+        return None
+    mfu, layout, out = found
+    mbs = batch // layout.data_parallel // (layout.microbatches if layout.pp > 1 else layout.accumulate)
+    return {"mfu": mfu, "layout": layout, "name": search.name(layout),
+            "technique": f"DP {layout.dp_replicate} TP {layout.tp} PP {layout.pp} GAS "
+                         f"{layout.microbatches if layout.pp > 1 else layout.accumulate} MBS {mbs}"}
+
+
+def _picotron(p: ModuleType, catalog) -> list[dict]:
+    rows = []
+    for name, gpus, mfu, mbs, seq, gas in PICOTRON:
+        chosen = best(p, catalog, name, gpus, gpus * mbs * gas, seq)
+        predicted = chosen["mfu"]
+        rows.append({"source": "picotron", "key": f"picotron, {name}, {gpus} GPUs", "model": name, "gpus": gpus,
+                     "technique": f"layout not published; the planner's best: {chosen['technique']}", "seq": seq,
+                     "unit": "MFU %", "reported": mfu, "predicted": predicted, "ratio": predicted / mfu})
+    return rows
+
+
+def compare(p: ModuleType) -> list[dict]:
+    """Every published row beside the planner's prediction of it (tokens/s a GPU or MFU)."""
+    from ddpguide.plan import catalog
+
+    return _torchtitan(p, catalog) + _playbook(p, catalog) + _picotron(p, catalog)
+
+
+def choices(p: ModuleType) -> list[dict]:
+    """For each of the Playbook's best configurations, the planner's own best beside it."""
+    from ddpguide.plan import catalog
+
+    out = []
+    for nodes, name, dp, tp, pp, gas, mbs, _zero, mfu, _ in PLAYBOOK:
+        chosen = best(p, catalog, name, 8 * nodes, dp * gas * mbs, PLAYBOOK_SEQ)
+        out.append({"model": name, "nodes": nodes, "theirs": f"DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs}",
+                    "their_mfu": mfu, "planner": chosen["technique"] if chosen else "none fits",
+                    "planner_mfu": chosen["mfu"] if chosen else float("nan")})
+    return out
 
 
 def summary(rows: list[dict]) -> dict:
     ratios = [r["ratio"] for r in rows]
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "outside_half_to_two": sum(not 0.5 <= r <= 2 for r in ratios)}
+            "outside_half_to_two": sum(not 0.5 <= r <= 2 for r in ratios), "count": len(ratios),
+            **{f"median_{s}": statistics.median([r["ratio"] for r in rows if r["source"] == s])
+               for s in ("torchtitan", "playbook", "picotron")}}

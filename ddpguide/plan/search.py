@@ -71,6 +71,12 @@ def layouts(p: ModuleType, model, world: int, batch: int, seq: int, runnable: bo
     return out
 
 
+def plain(p: ModuleType, model, world: int, batch: int, seq: int) -> list:
+    """The layouts train.py runs with its defaults: 1F1B, the fewest micro-batches, no checkpointing."""
+    return [lay for lay in layouts(p, model, world, batch, seq, runnable=True, microbatch_choices=1)
+            if lay.ac == "none" and lay.schedule == "1F1B"]
+
+
 def name(layout) -> str:
     """``"PP 2 x FSDP 2 x TP 2, 1F1B m4, AC full"``."""
     labels = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep": "EP", "tp": "TP"}

@@ -36,7 +36,7 @@ def ranked_html(rows: list[dict], hw, top: int = 8) -> str:
         s = r["step"]
         cells = (html.escape(r["name"]) + ("" if r["fits"] else " (too big)"),
                  f"{r['peak_memory'] / 2**30:.3g} of {hw.memory / 2**30:.3g}", _bar(worst, hw.memory),
-                 f"{s['total']:.4g}", f"{s['compute']:.3g}", f"{s['tp_cp_ep_pp'] + s['data_parallel']:.3g}",
+                 f"{s['total']:.4g}", f"{s['compute']:.3g}", f"{s['tp_cp_ep_pp'] + s['data_parallel'] + s['sync']:.3g}",
                  f"{r['tokens_per_gpu']:.4g}", f"{r['mfu']:.1%}")
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {k}' for k, c in COLOURS.items())

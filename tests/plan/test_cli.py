@@ -18,6 +18,9 @@ from ddpguide.plan.__main__ import main
     (["--dim", "65"], "--dim 65: does not split into 4 heads"),
     (["--gpus", "3", "--global-batch", "8", "--model", "gpt-check"], "no layout of --model gpt-check divides 3"),
     (["--gpus", "x"], "argument --gpus: invalid int value: 'x'"),
+    (["--link", "1gbit"], "--link 1gbit: only with --hardware cluster"),
+    (["--hardware", "cluster", "--gpus", "3"], "--gpus 3: with --hardware cluster, 2 to 8 nodes"),
+    (["--hardware", "cluster", "--link", "5tbit"], "'5tbit' is not a rate such as 1gbit"),
 ])
 def test_bad_input_one_line_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -87,6 +87,29 @@ def test_dtensor_constants_from_installed_source():
 
 
 def test_published_rows_are_predicted(p):
+    """Every published row is predicted; the Playbook's models have the sizes its heatmap names."""
     rows = published.compare(p)
-    assert len(rows) == len(published.TORCHTITAN) == 18
-    assert all(r["predicted_tokens_per_gpu"] > 0 and math.isfinite(r["ratio"]) for r in rows)
+    assert len(rows) == len(published.TORCHTITAN) + len(published.PLAYBOOK) + len(published.PICOTRON) == 46
+    assert len({r["key"] for r in rows}) == 46
+    assert all(r["predicted"] > 0 and math.isfinite(r["ratio"]) for r in rows)
+    for name, billions in (("playbook-1b", 1.34), ("playbook-3b", 3.57), ("playbook-8b", 8.86),
+                           ("playbook-80b", 80.0), ("smollm-1.7b", 1.71), ("llama2-7b", 6.74)):
+        m = catalog.model(p, name)
+        numel = p.memory(m, p.Layout(), catalog.policy(p, "float32"), 1, 16)["parameters"] / 4
+        assert round(numel / 1e9, 2 if billions < 10 else 1) == billions, (name, numel)
+
+
+@pytest.mark.multiprocess
+def test_fsdp_mem_tracker_agrees_on_parameters_and_adamw():
+    """torch's FSDPMemTracker runs on the CPU: at its peak it holds exactly the predicted sharded
+    parameters and AdamW state of FSDP 2 (float64, the checks' GPT)."""
+    from ddpguide.plan import tracker
+
+    p = search.program()
+    model, pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+    snaps = tracker.peak({"dp_shard": 2}, dict(dim=model.dim, heads=model.heads, layers=model.layers), 16, 8)
+    for rank, snap in enumerate(snaps):
+        predicted = p.memory(model, p.Layout(dp_shard=2), pol, 8, 16, rank)
+        assert snap["tracker"] == "FSDPMemTracker"
+        assert snap["Sharded Param"] == predicted["parameters"]
+        assert snap["OptState"] == predicted["optimizer"]

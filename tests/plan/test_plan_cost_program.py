@@ -1,0 +1,48 @@
+"""plan_cost.py run as a reader runs it, alone in a folder: --measure writes this machine's
+hardware, --hardware predicts from it (the same as the module computes), bad input is one
+line, exit status 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddpguide.launch.programs import load
+from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
+
+LAYOUT = ["--layers", "2", "--dim", "256", "--ffn", "1024", "--pp", "2", "--dp-shard", "2", "--microbatches", "2"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(200)
+def test_measure_then_predict(tmp_path):
+    copy_program("plan_cost.py", tmp_path)
+    check_ok(run([PYTHON, "plan_cost.py", "--measure", "hw.json", "--ranks", "2"], tmp_path, timeout=180))
+    hw = json.loads((tmp_path / "hw.json").read_text())
+    assert len(hw["matmul"]) == 48 and hw["backend"] == "gloo" and not hw["streams"]
+    assert 0 < hw["cores"] <= 2.2 and hw["tp_module_seconds"] > 0 and hw["op_seconds"] > 0
+    done = check_ok(run([PYTHON, "plan_cost.py", "--hardware", "hw.json", *LAYOUT], tmp_path, timeout=60))
+    printed = json.loads(done.stdout)
+    p = load(tmp_path / "plan_cost.py")
+    m = p.Model(layers=2, dim=256, ffn=1024)
+    lay = p.Layout(pp=2, dp_shard=2, microbatches=2)
+    expected = p.predict(m, lay, p.Policy(), p.Hardware(**hw), 8, 64)
+    assert printed["step"]["total"] == pytest.approx(expected["step"]["total"])
+    assert printed["peak_memory"] == expected["peak_memory"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "missing.json"], "--hardware missing.json: no such file"),
+    (["--measure", "no/hw.json"], "--measure no/hw.json: no folder"),
+    (["--measure", "hw.json", "--ranks", "0"], "--ranks 0: must be at least 1"),
+    (["--sweep", "hw.json"], "--sweep: run it under torchrun"),
+    (["--hardware", "plan_cost.py", "--tp", "3"], "does not divide the model"),
+    (["--tp", "x"], "argument --tp: invalid int value: 'x'"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, args, message):
+    copy_program("plan_cost.py", tmp_path)
+    done = run([PYTHON, "plan_cost.py", *args], tmp_path, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_cost.py"]
