@@ -83,7 +83,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "08_sharded_data_parallel": ("8", (
         "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules", "sharding.checks",
         "sharding.memory",
-    ), ("bench",)),
+    ), ("bench", "doctor")),
     "09_tensor_parallel": ("9", (
         "core.runtime", "launch.programs", "launch.spawn", "sbp.boxing_rules",
         "sharding.dcp_kill", "sharding.dcp_workers", "sharding.mesh2d",
@@ -94,7 +94,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ), ("doctor",)),
     "11_context_parallel": ("11", (
         "context.memory", "context.program", "context.viz", "launch.programs",
-    ), ()),
+    ), ("bench",)),
     "12_mixture_of_experts": ("12", (
         "core.runtime", "experts.traffic", "experts.viz", "launch.programs",
     ), ("bench",)),
@@ -109,8 +109,8 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "cluster.spec",
     ), ("bench", "cluster", "doctor")),
     "16_plan": ("16", (
-        "launch.programs", "plan.catalog", "plan.checks", "plan.measure", "plan.published", "plan.search",
-        "plan.viz",
+        "cluster.netns", "launch.programs", "plan.catalog", "plan.checks", "plan.measure",
+        "plan.published", "plan.saved", "plan.search", "plan.tracker", "plan.viz",
     ), ("bench", "plan")),
     "17_failures": ("17", (
         "failures.cadence", "failures.checks", "failures.runs", "launch.programs",
