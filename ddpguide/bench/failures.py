@@ -143,7 +143,7 @@ def diloco_on_link(report: Report, progress) -> None:
             alone, pair = _ft_runs(cluster, args, 1), _ft_runs(cluster, args, 2)
             nbytes, calls = per_sync(alone)
             h = int(mode[1:]) if mode != "ddp" else 1
-            link_s = calls * formulas.two_rank_all_reduce_time(nbytes / calls, max(alpha, 0.0), beta)
+            link_s = calls * formulas.flat_time(nbytes / calls, 2, max(alpha, 0.0), beta)
             step[mode] = {"measured": seconds_per_step(pair), "alone": seconds_per_step(alone),
                           "predicted": seconds_per_step(alone) + link_s / h}
             report.add(f"step_{mode}_on_link", step[mode]["measured"], "s",
