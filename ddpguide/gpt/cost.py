@@ -1,10 +1,10 @@
 """The cost of a layout of ``book/programs/gpt/train.py``: predicted, counted, timed.
 
 :func:`measure` runs the program with ``--cost`` and reads the ``cost`` of its
-``--report`` file (the prediction of ``cost.py`` for every rank, and what every rank
-counted and measured in one step); :func:`compare` puts them side by side. The step time is predicted from a
-latency-bandwidth (alpha-beta) model of gloo, fitted to timed all-reduces
-(:func:`fit_alpha_beta`), and the compute time from the step's model FLOPs at the
+``--report`` file (the prediction of ``cost_model.py`` for every rank, and what every rank
+counted and measured in one step with ``cost_meter.py``); :func:`compare` puts them side
+by side. The step time is predicted from a latency-bandwidth (alpha-beta) model of gloo,
+fitted to timed all-reduces (:func:`fit_alpha_beta`), and the compute time from the step's model FLOPs at the
 FLOP/s one process reaches on the same model (:func:`predict_step_seconds`).
 """
 

@@ -10,7 +10,8 @@ The text is bytes of the Python standard library's own sources (--text names ano
 Every option is checked before a process group exists: a bad one gets one line, exit 2.
 With --report FILE rank 0 writes the run as JSON at the end: "losses", "first_step",
 "seconds", "layout", "checks" (none: this program prints no check) and, with --cost,
-"cost" (the prediction of cost.py for every rank, and what every rank counted and measured).
+"cost" (the prediction of cost_model.py for every rank, and what every rank counted and
+measured with cost_meter.py).
 """
 
 import argparse
@@ -25,9 +26,10 @@ import time
 import warnings
 from dataclasses import asdict
 
-import cost
 import torch
 import torch.distributed as dist
+from cost_meter import Meter
+from cost_model import predict
 from model import GPT, Config, loss_of
 from parallelize import Layout, build_mesh, parallelize, problems, tie_gradients, tie_groups
 
@@ -87,7 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
-                   "bytes, memory and FLOPs of a step (see cost.py)")
+                   "bytes, memory and FLOPs of a step (cost_model.py, cost_meter.py)")
     p.add_argument("--report", help="write the losses (and the cost) here as JSON at the end")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -349,7 +351,8 @@ def main():
     data = text_bytes(args.text)
     losses = []
     started = time.perf_counter()
-    meter = cost.Meter(config, layout, args, stage, optimizer, enabled=args.cost)
+    meter = Meter(config, layout, args, stage, optimizer, predict(config, layout, args) if args.cost else None,
+                  enabled=args.cost)
     for step in range(first, args.steps):
         meter.begin(step)
         x_all, y_all = batch_of(data, step, args, config.seq)
