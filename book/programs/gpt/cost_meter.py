@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 c10d, funcol = torch.ops.c10d, torch.ops._c10d_functional
@@ -69,6 +70,10 @@ class CommCounter(TorchDispatchMode):
         self.calls = {}  # "kind/ranks" -> [calls, bytes]: what a latency-bandwidth model needs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(issubclass(t, DTensor) for t in types):
+            # a DTensor op: let DTensor run it first (as CommDebugMode does); the
+            # collectives it runs inside (an implicit redistribute) then come back here
+            return NotImplemented
         found = OPS.get(func._overloadpacket)
         if found is not None:
             kind, where, group = found

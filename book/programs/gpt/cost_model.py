@@ -92,15 +92,16 @@ def predict_bytes(c, layout, args, rank):
             ranks = n if not group.startswith("experts") else layout.dp_shard * cp
             padded, _ = _chunk(shape[0], ranks, 0)
             numel = padded * math.prod(shape[1:])
-            shard, full = groups.get(group, (0, 0))
-            groups[group] = (shard + numel, full + numel * ranks)
+            shard, full, _ = groups.get(group, (0, 0, ranks))
+            groups[group] = (shard + numel, full + numel * ranks, ranks)
         # outside a pipeline each group is gathered for forward and again for backward
         # (reshard_after_forward); a pipeline keeps it gathered over its micro-batches, and
         # reduce-scatters once, after the last one
         gathers = 2 * passes if layout.pp == 1 else passes
-        for shard, full in groups.values():
-            sent["all_gather"] += gathers * shard * B
-            sent["reduce_scatter"] += passes * full * B
+        for shard, full, ranks in groups.values():
+            if ranks > 1:  # (a group of one rank, the experts' under --ep alone, sends nothing)
+                sent["all_gather"] += gathers * shard * B
+                sent["reduce_scatter"] += passes * full * B
             if layout.dp_replicate > 1:  # HSDP: the shard is all-reduced over the replicas
                 sent["all_reduce"] += passes * shard * B
     elif layout.dp_replicate > 1:  # DDP: every gradient, in buckets, after each backward
@@ -120,15 +121,17 @@ def predict_bytes(c, layout, args, rank):
         if last:  # the head gathers the sequence, then the vocabulary-split logits
             sent["all_gather"] += passes * (act_shard + rows * seq * c.vocab // t * B)
             sent["reduce_scatter"] += passes * act_full
-        if args.clip:  # the norms' gradients are partial sums over tp: summed for the norm
-            sent["all_reduce"] += (2 * per + last) * c.dim * B
+        # the norms' gradients are partial sums over tp (each rank saw its part of the
+        # sequence): all-reduced once, by FSDP2 or by sum_partial_gradients
+        sent["all_reduce"] += (2 * per + last) * c.dim * B
     if cp > 1:  # every block gathers K and V (forward), reduce-scatters their gradients
         kv = rows * seq * c.dim // t * B
         sent["all_gather"] += passes * per * 2 * forwards * kv
         sent["reduce_scatter"] += passes * per * 2 * cp * kv
     if layout.ep > 1:  # counts (int64), then rows out and back, forward and backward
         tokens = rows * seq * c.top_k * c.dim * B
-        sent["all_to_all"] += passes * per * (forwards * (c.experts * 8 + 2 * tokens) + 2 * tokens)
+        counts = c.experts * 8 * (args.microbatches if layout.pp > 1 else 1)  # per forward
+        sent["all_to_all"] += passes * per * (forwards * (counts + 2 * tokens) + 2 * tokens)
     if layout.pp > 1:  # activations forward, their gradients backward, per micro-batch
         sent["send_recv"] += passes * act_shard * ((not last) + (not first))
         if first or last:  # the tied embedding's gradient, between first and last stage
@@ -138,13 +141,27 @@ def predict_bytes(c, layout, args, rank):
                 index = (at["dp_shard"] * cp + at["cp"]) * layout.ep + at["ep"]
                 rows_emb = _chunk(rows_emb, n, index)[1]
             sent["all_reduce"] += rows_emb * c.dim * B
-    if layout.world > 1 and args.clip:  # the squared gradient norm, one float64
-        sent["all_reduce"] += 8
+    if args.clip:
+        sent["all_reduce"] += clip_bytes(c, layout, params, stage, B)
     if layout.data_parallel * cp > 1:  # the loss, one float64, averaged
         sent["all_reduce"] += 8
     if layout.pp > 1:  # and sent from the last stage to the others
         sent["all_reduce"] += 8
     return sent
+
+
+def clip_bytes(c, layout, params, stage, B):
+    """The gradient norm of train.py's clip_grad_norm: torch's get_total_norm takes each
+    gradient's norm, and DTensor sums the vector of them (one entry per tensor) over every
+    mesh dimension where a gradient is sharded (FSDP's and TP's); then the squared norms
+    of the experts (one float64) are summed over "ep", and the total over "pp"."""
+    experts = sum(1 for _, _, group in params if group.startswith("experts"))
+    dense = len(params) - experts - (layout.pp > 1 and 0 < stage == layout.pp - 1)  # tied copy
+    n = layout.dp_shard * layout.cp * layout.ep  # FSDP's shards of the dense weights
+    sent = dense * B * ((_fsdp(layout) and n > 1) + (layout.tp > 1))
+    if experts:
+        sent += experts * B * (layout.dp_shard * layout.cp > 1) + 8
+    return sent + 8 * (layout.pp > 1)
 
 
 def _fsdp_index(layout, at, experts=False):

@@ -235,3 +235,15 @@ def tie_gradients(stage, group):
         # under TP the lookup's gradient comes back replicated: take this rank's rows of it
         grad = weight.grad = grad.redistribute(weight.device_mesh, weight.placements)
     dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+
+
+def sum_partial_gradients(stage):
+    """Sequence parallelism leaves the norms' gradients as partial sums over "tp" (each rank
+    saw its part of the sequence). FSDP2 sums them before it reduce-scatters; without FSDP
+    they are summed here, once (DTensor would otherwise sum them again inside every
+    operation of the optimizer that reads them)."""
+    for p in stage.parameters():
+        grad = p.grad
+        if grad is not None and any(pl.is_partial() for pl in getattr(grad, "placements", ())):
+            p.grad = grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                                   for pl in grad.placements])

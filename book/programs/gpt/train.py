@@ -31,7 +31,15 @@ import torch.distributed as dist
 from cost_meter import Meter
 from cost_model import predict
 from model import GPT, Config, loss_of
-from parallelize import Layout, build_mesh, parallelize, problems, tie_gradients, tie_groups
+from parallelize import (
+    Layout,
+    build_mesh,
+    parallelize,
+    problems,
+    sum_partial_gradients,
+    tie_gradients,
+    tie_groups,
+)
 
 TIMEOUT = datetime.timedelta(seconds=120)
 # FSDP2 warns when a model returns a view (an in-place op on it would skip a hook): the
@@ -230,37 +238,41 @@ def unwrap(name):
     return name
 
 
-def clip_grad_norm(stage, max_norm, layout):
-    """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout: each rank adds
-    the squares of its gradient shards, each divided by the number of ranks that hold the
-    same shard (replicas), and one all-reduce over every rank gives the squared norm."""
-    from torch.distributed.tensor import DTensor, Replicate
+def clip_grad_norm(stage, max_norm, layout, mesh):
+    """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout.
 
-    stage_ranks = layout.world // layout.pp
-    device = next(stage.parameters()).device
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    torch.nn.utils.get_total_norm adds up the gradients of one mesh: on DTensors (FSDP's
+    shards, TP's) it knows which mesh dimensions hold pieces and which hold copies, and
+    full_tensor() sums the pieces. Two sums it cannot see are done by hand: the experts
+    (each "ep" rank holds other experts, as plain tensors, on a mesh of their own) and the
+    pipeline stages (each holds other layers). The tied embedding is counted once, on
+    the first stage (the last holds the same gradient: tie_gradients).
+    """
+    from torch.distributed.tensor import DTensor
+
+    def squared_norm(params):
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return norm.double() ** 2
+
+    dense, experts = [], []  # torch computes on one mesh at a time: the experts have their own
     for name, p in stage.named_parameters():
-        if p.grad is None or (layout.pp > 1 and "tok_emb" in name and not inner(stage).embeds):
-            continue  # the tied embedding counts once, on the first stage
-        grad, copies = p.grad, stage_ranks
-        if isinstance(grad, DTensor):
-            if any(pl.is_partial() for pl in grad.placements):
-                grad = grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
-                                                     for pl in grad.placements])
-            copies //= grad.device_mesh.size()
-            for dim, placement in enumerate(grad.placements):
-                if placement.is_replicate():
-                    copies *= grad.device_mesh.size(dim)
-            grad = grad.to_local()
-        if ".experts." in name:
-            copies //= layout.ep  # the other ep ranks hold other experts, not copies
-        total += grad.double().pow(2).sum() / copies
-    dist.all_reduce(total)
-    norm = total.sqrt()
-    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for p in stage.parameters():
         if p.grad is not None:
-            p.grad.mul_(scale.to(p.grad.dtype))
+            (experts if layout.ep > 1 and ".experts." in name else dense).append(p)
+    tied_copy = layout.pp > 1 and inner(stage).outputs and not inner(stage).embeds
+    counted = [p for p in dense if not (tied_copy and p is inner(stage).tok_emb.weight)]
+    device = next(stage.parameters()).device
+    total = squared_norm(counted) if counted else torch.zeros((), dtype=torch.float64, device=device)
+    if experts:
+        expert_total = squared_norm(experts)
+        if layout.ep > 1:
+            dist.all_reduce(expert_total, group=mesh["ep"].get_group())
+        total = total + expert_total
+    if layout.pp > 1:
+        dist.all_reduce(total, group=mesh["pp"].get_group())
+    norm = total.sqrt()
+    for params in (dense, experts):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm.item()
 
 
@@ -373,8 +385,9 @@ def main():
                                   losses=parts)
                     if part.outputs:
                         total += torch.stack(parts).sum().detach().double()
+        sum_partial_gradients(stage)
         tie_gradients(part, tie)
-        norm = clip_grad_norm(stage, args.clip, layout) if args.clip else None
+        norm = clip_grad_norm(stage, args.clip, layout, mesh) if args.clip else None
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(total, group=mesh["loss"].get_group())
