@@ -60,6 +60,11 @@ def test_counted_bytes_equal_predicted_on_the_table_s_layouts(table, name):
 def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
     result, _ = measure(options, ranks, workdir=tmp_path)
     check_counted_bytes(result, options)
+    if "--accumulate" in options:
+        # FSDP2's 3 groups (2 blocks and the root) are gathered in each of the 2 micro-steps,
+        # forward and backward, but reduce-scattered (and all-reduced over the replicas) once
+        calls = result["calls"][0]
+        assert calls["all_gather/2"][0] == 2 * 2 * 3 and calls["reduce_scatter/2"][0] == 3, calls
 
 
 @pytest.mark.multiprocess

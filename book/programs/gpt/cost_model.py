@@ -95,17 +95,18 @@ def predict_bytes(c, layout, args, rank):
             shard, full, _ = groups.get(group, (0, 0, ranks))
             groups[group] = (shard + numel, full + numel * ranks, ranks)
         # outside a pipeline each group is gathered for forward and again for backward
-        # (reshard_after_forward); a pipeline keeps it gathered over its micro-batches, and
-        # reduce-scatters once, after the last one
-        gathers = 2 * passes if layout.pp == 1 else passes
+        # (reshard_after_forward) in every accumulation step; a pipeline keeps it gathered
+        # over the micro-batches of its one schedule a step. The gradients are reduced
+        # once, after the last backward (set_requires_gradient_sync before it)
+        gathers = 2 * passes if layout.pp == 1 else 1
         for shard, full, ranks in groups.values():
             if ranks > 1:  # (a group of one rank, the experts' under --ep alone, sends nothing)
                 sent["all_gather"] += gathers * shard * B
-                sent["reduce_scatter"] += passes * full * B
+                sent["reduce_scatter"] += full * B
             if layout.dp_replicate > 1:  # HSDP: the shard is all-reduced over the replicas
-                sent["all_reduce"] += passes * shard * B
-    elif layout.dp_replicate > 1:  # DDP: every gradient, in buckets, after each backward
-        sent["all_reduce"] += passes * sum(math.prod(s) for _, s, _ in params) * B
+                sent["all_reduce"] += shard * B
+    elif layout.dp_replicate > 1:  # DDP: every gradient, in buckets, after the last backward
+        sent["all_reduce"] += sum(math.prod(s) for _, s, _ in params) * B
 
     if t > 1:
         # sequence parallelism: before each block's attention and MLP an all-gather of the
@@ -204,8 +205,8 @@ def predict_memory(c, layout, args, rank):
     in_flight = 1
     if layout.pp > 1:
         rows //= args.microbatches
-        in_flight = args.microbatches if args.schedule == "GPipe" else min(
-            args.microbatches, layout.pp - stage)
+        micro = args.microbatches * args.accumulate  # the schedule's micro-batches a step
+        in_flight = micro if args.schedule == "GPipe" else min(micro, layout.pp - stage)
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
     norm = 2 * x // t + x

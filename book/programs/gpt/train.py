@@ -15,6 +15,7 @@ measured with cost_meter.py).
 """
 
 import argparse
+import contextlib
 import datetime
 import glob
 import json
@@ -77,7 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=8, help="sequences per step, all ranks together")
     p.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x pp)")
     p.add_argument("--schedule", choices=("1F1B", "GPipe"), default="1F1B")
-    p.add_argument("--accumulate", type=int, default=1, help="gradient-accumulation steps per step")
+    p.add_argument("--accumulate", type=int, default=1, help="gradient-accumulation steps per step (the "
+                   "gradients are reduced after the last; under --pp: more micro-batches)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
@@ -238,6 +240,16 @@ def unwrap(name):
     return name
 
 
+def gradient_sync(stage, last):
+    """Reduce the gradients in this backward pass only if it is the step's last: before
+    it, FSDP2 and DDP add each micro-step's gradients up where they are (chapter 8)."""
+    if isinstance(stage, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext() if last else stage.no_sync()
+    if hasattr(stage, "set_requires_gradient_sync"):  # FSDP2 (HSDP: its all-reduce too)
+        stage.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
 def clip_grad_norm(stage, max_norm, layout, mesh):
     """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout.
 
@@ -355,10 +367,10 @@ def main():
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        scale = args.microbatches * args.accumulate  # the loss of a micro-batch, as a share
+        scale = args.microbatches * args.accumulate  # micro-batches a step; a loss's share
         pipe = PipelineStage(stage, pp_rank, layout.pp, device, group=mesh["pp"].get_group())
         cls = Schedule1F1B if args.schedule == "1F1B" else ScheduleGPipe
-        schedule = cls(pipe, args.microbatches, loss_fn=lambda out, y: loss_of(out, y) / scale,
+        schedule = cls(pipe, scale, loss_fn=lambda out, y: loss_of(out, y) / scale,
                        scale_grads=False)
     data = text_bytes(args.text)
     losses = []
@@ -369,22 +381,25 @@ def main():
         meter.begin(step)
         x_all, y_all = batch_of(data, step, args, config.seq)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for a in range(args.accumulate):
-            sl = slice((a * layout.data_parallel + dp_rank) * rows,
-                       (a * layout.data_parallel + dp_rank + 1) * rows)
-            x = x_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
-            y = y_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                if schedule is None:
-                    loss = loss_of(stage(x), y) / args.accumulate
-                    loss.backward()
+        # this rank's rows of each accumulation step, and its chunk of their tokens
+        mine = [slice((a * layout.data_parallel + dp_rank) * rows,
+                      (a * layout.data_parallel + dp_rank + 1) * rows) for a in range(args.accumulate)]
+        xs = [x_all[r, cp_rank * cols:(cp_rank + 1) * cols].to(device) for r in mine]
+        ys = [y_all[r, cp_rank * cols:(cp_rank + 1) * cols].to(device) for r in mine]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            if schedule is None:
+                for a, (x, y) in enumerate(zip(xs, ys)):
+                    with gradient_sync(stage, last=a == args.accumulate - 1):
+                        loss = loss_of(stage(x), y) / args.accumulate
+                        loss.backward()
                     total += loss.detach().double()
-                else:
-                    parts = []
-                    schedule.step(x if part.embeds else None, target=y if part.outputs else None,
-                                  losses=parts)
-                    if part.outputs:
-                        total += torch.stack(parts).sum().detach().double()
+            else:  # the accumulation steps are more micro-batches of one schedule, which
+                # reduces the gradients once, after the last
+                parts = []
+                schedule.step(torch.cat(xs) if part.embeds else None,
+                              target=torch.cat(ys) if part.outputs else None, losses=parts)
+                if part.outputs:
+                    total += torch.stack(parts).sum().detach().double()
         sum_partial_gradients(stage)
         tie_gradients(part, tie)
         norm = clip_grad_norm(stage, args.clip, layout, mesh) if args.clip else None
