@@ -75,20 +75,46 @@ def problems(layout: Layout, config, world: int, microbatches: int, batch: int):
     return found
 
 
-def build_mesh(layout: Layout, device_type: str):
-    """The meshes by name: the six axes (size-1 ones too) and the flattened ones FSDP uses."""
-    world = init_device_mesh(device_type, [getattr(layout, a) for a in AXES], mesh_dim_names=AXES)
+def group_options(timeout):
+    """Options that give a new process group this timeout. DeviceMesh creates one group per
+    dimension and passes no timeout of its own: without them every group would get c10d's
+    default (30 minutes on gloo, 10 on nccl), not the job's."""
+    if dist.get_backend() == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return dist.ProcessGroupGloo.Options("gloo", timeout)
+
+
+def build_mesh(layout: Layout, device_type: str, timeout):
+    """The meshes by name: the six axes (size-1 ones too) and the flattened ones FSDP uses,
+    every group with the job's timeout.
+
+    A size-1 axis still gets a process group of one rank, which this program never gives
+    a collective: torch 2.14.1 would leave it without one (backend_override "fake", as
+    torchtitan does) only after an import of its test helpers
+    (torch.testing._internal.distributed.fake_pg registers that backend).
+    """
+    options = group_options(timeout)
+    world = init_device_mesh(device_type, [getattr(layout, a) for a in AXES], mesh_dim_names=AXES,
+                             backend_override=dict.fromkeys(AXES, options))
     meshes = {axis: world[axis] for axis in AXES}
     meshes["world"] = world
-    meshes["fsdp"] = world["dp_shard", "cp", "ep"]._flatten("fsdp")  # the dense weights' shards
-    meshes["efsdp"] = world["dp_shard", "cp"]._flatten("efsdp")  # experts' (ep splits them too)
-    meshes["loss"] = world["dp_replicate", "dp_shard", "cp", "ep"]._flatten("loss")  # averaged
+
+    def flat(axes, name):
+        return world[axes]._flatten(name, backend_override=options)
+
+    meshes["fsdp"] = flat(("dp_shard", "cp", "ep"), "fsdp")  # the dense weights' shards
+    meshes["efsdp"] = flat(("dp_shard", "cp"), "efsdp")  # experts' (ep splits them too)
+    meshes["loss"] = flat(("dp_replicate", "dp_shard", "cp", "ep"), "loss")  # averaged over
     if layout.dp_replicate > 1:  # HSDP: a 2-D mesh (replicas, shards) of the same ranks
         shards = layout.dp_shard * layout.cp * layout.ep
-        meshes["hsdp"] = meshes["loss"]._unflatten(0, (layout.dp_replicate, shards),
-                                                   ("replica", "shard"))
-        meshes["ehsdp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("edp")._unflatten(
-            0, (layout.dp_replicate, layout.dp_shard * layout.cp), ("ereplica", "eshard"))
+        meshes["hsdp"] = meshes["loss"]._unflatten(
+            0, (layout.dp_replicate, shards), ("replica", "shard"),
+            backend_override=dict.fromkeys(("replica", "shard"), options))
+        meshes["ehsdp"] = flat(("dp_replicate", "dp_shard", "cp"), "edp")._unflatten(
+            0, (layout.dp_replicate, layout.dp_shard * layout.cp), ("ereplica", "eshard"),
+            backend_override=dict.fromkeys(("ereplica", "eshard"), options))
     return meshes
 
 
@@ -211,7 +237,7 @@ def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=F
     return stage
 
 
-def tie_groups(mesh, layout: Layout):
+def tie_groups(mesh, layout: Layout, timeout):
     """For each pipeline, the group of its first and last stage (which both hold the embedding)."""
     if layout.pp == 1:
         return None
@@ -219,7 +245,7 @@ def tie_groups(mesh, layout: Layout):
     rows = mesh["world"].mesh.reshape(layout.pp, -1).t().tolist()  # one row per pipeline: its pp ranks
     mine = None
     for row in rows:  # every rank creates every group, in the same order
-        group = dist.new_group([row[0], row[-1]])
+        group = dist.new_group([row[0], row[-1]], timeout=timeout)
         if me in (row[0], row[-1]):
             mine = group
     return mine

@@ -344,8 +344,9 @@ def main():
     if "RANK" in os.environ:
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:  # python train.py: a group of one, so that every path is the same
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    mesh = build_mesh(layout, device.type)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=TIMEOUT)
+    mesh = build_mesh(layout, device.type, TIMEOUT)
     rank = dist.get_rank()
     torch.manual_seed(args.seed)  # the same whole model on every rank, then each keeps its part
     model = GPT(config)
@@ -354,7 +355,7 @@ def main():
     optimizer = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.1)
     first = load(args.load, stage, optimizer) if args.load else 0
     history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
-    tie = tie_groups(mesh, layout)
+    tie = tie_groups(mesh, layout, TIMEOUT)
     pp_rank = mesh["pp"].get_local_rank()
     # the rows of this rank's samples: its place among the data-parallel ranks, whose
     # coordinates are (dp_replicate, dp_shard, ep); the cp ranks of one place share the rows
