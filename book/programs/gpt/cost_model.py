@@ -18,6 +18,11 @@ import torch
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 
+def kv_dim(c):
+    """The width of the keys (and of the values): kv_heads heads of dim / heads each."""
+    return (c.kv_heads or c.heads) * (c.dim // c.heads)
+
+
 def _chunk(rows, ranks, index):
     """Rows of a dim-0 shard: FSDP2 pads dim 0 to a multiple of the ranks (ceil each)."""
     per = -(-rows // ranks)
@@ -31,13 +36,13 @@ def stage_parameters(c, layout, stage):
     columns (dim 1) and the embedding by vocabulary rows; norms stay whole. Each block is
     an FSDP group (its experts another, under EP); the root group holds the rest.
     """
-    t, d, h = layout.tp, c.dim, c.ffn * c.dim
+    t, d, h, kv = layout.tp, c.dim, c.ffn * c.dim, kv_dim(c)
     per = c.layers // layout.pp
     params = []
     for i in range(stage * per, (stage + 1) * per):
         block = f"block{i}"
-        params += [("attn_norm", (d,), block), ("mlp_norm", (d,), block)]
-        params += [(w, (d // t, d), block) for w in ("wq", "wk", "wv")] + [("wo", (d, d // t), block)]
+        params += [("attn_norm", (d,), block), ("mlp_norm", (d,), block), ("wq", (d // t, d), block)]
+        params += [(w, (kv // t, d), block) for w in ("wk", "wv")] + [("wo", (d, d // t), block)]
         if c.experts:
             ep_group = f"experts{i}" if layout.ep > 1 else block
             params += [("router", (c.experts, d), block),
@@ -126,7 +131,7 @@ def predict_bytes(c, layout, args, rank):
         # sequence): all-reduced once, by FSDP2 or by sum_partial_gradients
         sent["all_reduce"] += (2 * per + last) * c.dim * B
     if cp > 1:  # every block gathers K and V (forward), reduce-scatters their gradients
-        kv = rows * seq * c.dim // t * B
+        kv = rows * seq * kv_dim(c) // t * B
         sent["all_gather"] += passes * per * 2 * forwards * kv
         sent["reduce_scatter"] += passes * per * 2 * cp * kv
     if layout.ep > 1:  # counts (int64), then rows out and back, forward and backward
@@ -182,9 +187,12 @@ def predict_memory(c, layout, args, rank):
     Activations, in units of one rank's residual stream x (rows x tokens x dim), t = tp:
     each RMSNorm keeps its input and the normalised input (x/t each under sequence
     parallelism), and the next linear layer keeps that times the weight (x; gathered
-    over the sequence under TP); attention keeps q (x/t), k and v (cp x/t each, gathered under CP),
-    its output and the copy fed to wo (x/t each); the MLP keeps the GELU's input and
-    output (ffn x/t each); plus per-token statistics, the rotary tables and the mask. The
+    over the sequence under TP); attention keeps q (x/t), k and v (kv_heads / heads x/t
+    each; every rank's under CP, cp times that), its output and the copy fed to wo (x/t
+    each); the MLP keeps the GELU's input and output (ffn x/t each); plus per-token
+    statistics and the rotary tables. Under CP, each of a rank's two chunks of queries
+    keeps its causal_lower_right mask, which SDPA makes on the CPU (bools; CUDA's kernels
+    take the bias without one); no other attention mask exists (is_causal). The
     ends add the token ids, the final norm and the log-softmax of the whole logits. A
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
     1F1B, all of them under GPipe. A checkpointed block keeps its input only.
@@ -210,9 +218,11 @@ def predict_memory(c, layout, args, rank):
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
     norm = 2 * x // t + x
+    kv = rows * seq * kv_dim(c)  # this rank's keys (and values), elements
     small = (2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
-             + 4 * seq * c.dim // c.heads // 2 + seq * seq * cp)  # rotary cos, sin; mask
-    per_block = 2 * norm + (1 + 2 * cp + 2) * x // t + small
+             + 4 * seq * c.dim // c.heads // 2)  # rotary cos, sin
+    per_block = 2 * norm + (x + 2 * cp * kv + 2 * x) // t + small
+    masks = (seq // 2) ** 2 * (2 * cp + 1) if cp > 1 else 0  # bytes: causal_lower_right's
     if c.experts:  # routed rows in, hidden in and out, rows out of every expert
         routed = rows * seq * c.top_k * c.dim
         per_block += routed * (1 + 2 * c.ffn + 1) + rows * seq * (c.experts + 4 * c.top_k)
@@ -220,7 +230,7 @@ def predict_memory(c, layout, args, rank):
         per_block += 2 * c.ffn * x // t
     if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
         per_block = x // t
-    blocks = c.layers // layout.pp * per_block * B
+    blocks = c.layers // layout.pp * (per_block * B + masks * (not args.checkpoint_activations))
     ends = rows * seq * 8 if first else 0  # the token ids
     if last:
         ends += (norm + rows * seq * c.vocab + 1) * B
@@ -231,11 +241,13 @@ def predict_memory(c, layout, args, rank):
 def flops(c, args):
     """Model FLOPs of one optimizer step, all ranks together: 6 x (matmul parameters) x
     tokens (forward 2, backward 4 per parameter and token), plus attention's two matmuls
-    (q k^T and the weights times v: 2 x 2 x seq x dim a token forward, the mask computed
-    in full) times 3 for the backward: 12 x layers x dim x seq^2 per sequence."""
+    (q k^T and the weights times v: 2 x 2 x seq x dim a token forward) times 3 for the
+    backward: 12 x layers x dim x seq^2 per sequence. Attention is counted in full, as
+    PaLM's and torchtitan's model FLOPs count it, though a causal kernel skips about half."""
     hidden = c.ffn * c.dim
     mlp = c.top_k * 2 * c.dim * hidden + c.dim * c.experts if c.experts else 2 * c.dim * hidden
-    matmul = c.layers * (4 * c.dim * c.dim + mlp) + c.vocab * c.dim  # the head is the embedding
+    attention = 2 * c.dim * c.dim + 2 * c.dim * kv_dim(c)  # wq, wo; wk, wv
+    matmul = c.layers * (attention + mlp) + c.vocab * c.dim  # the head is the embedding
     sequences = args.batch * args.accumulate
     return 6 * matmul * sequences * c.seq + 12 * c.layers * c.dim * c.seq ** 2 * sequences
 

@@ -18,6 +18,7 @@ from torch.distributed._functional_collectives import (
     all_to_all_single_autograd,
     wait_tensor,
 )
+from torch.nn.attention.bias import causal_lower_right
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Config:
     vocab: int = 256  # bytes
     dim: int = 64
     heads: int = 4
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as heads
     layers: int = 4
     seq: int = 64
     ffn: int = 4  # the MLP's hidden width is ffn * dim
@@ -42,8 +44,16 @@ def rotate(x, positions):
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
+def zigzag(rank, ranks, seq):
+    """The positions of a sequence of seq tokens that context-parallel rank `rank` holds:
+    chunks rank and 2 ranks - 1 - rank of 2 ranks (chapter 11's zig-zag split), so that
+    under the causal mask every rank has the same work. One rank: the whole sequence."""
+    chunk = seq // (2 * ranks)
+    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for c in (rank, 2 * ranks - 1 - rank)])
+
+
 def gather_sequence(x, group):
-    """All ranks' chunks of x (batch, heads, tokens, head_dim) along the tokens, in rank
+    """All ranks' pieces of x (batch, heads, tokens, head_dim) along the tokens, in rank
     order; the backward pass reduce-scatters the gradient (torch gathers along dim 0 only)."""
     whole = wait_tensor(all_gather_single_autograd(x.transpose(0, 2).contiguous(), 0, group))
     return whole.transpose(0, 2)
@@ -53,24 +63,55 @@ class Attention(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
         self.head_dim = c.dim // c.heads
+        kv_dim = (c.kv_heads or c.heads) * self.head_dim
         self.wq = nn.Linear(c.dim, c.dim, bias=False)
-        self.wk = nn.Linear(c.dim, c.dim, bias=False)
-        self.wv = nn.Linear(c.dim, c.dim, bias=False)
+        self.wk = nn.Linear(c.dim, kv_dim, bias=False)
+        self.wv = nn.Linear(c.dim, kv_dim, bias=False)
         self.wo = nn.Linear(c.dim, c.dim, bias=False)
-        self.cp_group = None  # context parallelism: this rank holds one chunk of the sequence
+        self.cp_group = None  # context parallelism: this rank holds two chunks of the sequence
+        # causal_lower_right(queries, keys) by shape, made once (torch 2.14.1 cannot make one
+        # while a TorchDispatchMode is on, and cost_meter.py counts under one)
+        self.bias = {}
 
     def forward(self, x):
         b, s, _ = x.shape  # under tensor parallelism wq gives this rank's heads only: view(-1)
         q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
-        start = 0 if self.cp_group is None else dist.get_rank(self.cp_group) * s
-        positions = torch.arange(start, start + s, device=x.device)
-        q, k = rotate(q, positions), rotate(k, positions)
-        if self.cp_group is not None:  # every rank's keys and values, in sequence order
-            k, v = gather_sequence(k, self.cp_group), gather_sequence(v, self.cp_group)
-        causal = positions[:, None] >= torch.arange(k.shape[2], device=x.device)[None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        if self.cp_group is None:
+            positions = torch.arange(s, device=x.device)
+            q, k = rotate(q, positions), rotate(k, positions)
+            # enable_gqa: each group of heads / kv_heads query heads shares one key/value head
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = self.context_parallel(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def context_parallel(self, q, k, v):
+        """Attention of this rank's two chunks of queries over the whole sequence's keys.
+
+        Every rank gathers all ranks' keys and values (as Llama 3's context parallelism
+        does; chapter 11's ring passes them around instead, and never holds them all) and
+        puts them in sequence order; each chunk of queries attends to the keys up to its
+        own end, causally aligned at its last token (causal_lower_right: no mask tensor,
+        no score computed above the diagonal).
+        """
+        group = self.cp_group
+        rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+        chunk, seq = q.shape[2] // 2, q.shape[2] * ranks
+        positions = zigzag(rank, ranks, seq).to(q.device)
+        q, k = rotate(q, positions), rotate(k, positions)
+        k, v = gather_sequence(k, group), gather_sequence(v, group)  # by rank: chunks r, 2N-1-r
+        order = torch.cat([zigzag(r, ranks, seq) for r in range(ranks)]).argsort().to(q.device)
+        k, v = k[:, :, order], v[:, :, order]  # in sequence order
+        outs = []
+        for i, c in enumerate((rank, 2 * ranks - 1 - rank)):
+            end = (c + 1) * chunk
+            if (chunk, end) not in self.bias:
+                self.bias[chunk, end] = causal_lower_right(chunk, end)
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, i * chunk:(i + 1) * chunk], k[:, :, :end], v[:, :, :end],
+                attn_mask=self.bias[chunk, end], enable_gqa=True))
+        return torch.cat(outs, dim=2)
 
 
 class MLP(nn.Module):

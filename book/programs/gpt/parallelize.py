@@ -58,11 +58,16 @@ def problems(layout: Layout, config, world: int, microbatches: int, batch: int):
         found.append(f"the layout {layout.name()} needs {layout.world} ranks, not {world}")
     if config.heads % layout.tp:
         found.append(f"--tp {layout.tp} does not divide the {config.heads} heads")
+    elif (config.kv_heads or config.heads) % layout.tp:
+        found.append(f"--tp {layout.tp} does not divide the {config.kv_heads} key/value heads")
     if config.layers % layout.pp:
         found.append(f"--pp {layout.pp} does not divide the {config.layers} layers")
     if config.seq % (layout.cp * layout.tp):
         found.append(f"--cp {layout.cp} x --tp {layout.tp} does not divide the sequence "
                      f"of {config.seq} tokens")
+    elif layout.cp > 1 and config.seq % (2 * layout.cp):
+        found.append(f"--cp {layout.cp}: the zig-zag split needs 2 x {layout.cp} chunks of "
+                     f"equal length, not of a sequence of {config.seq} tokens")
     if layout.ep > 1 and not config.experts:
         found.append(f"--ep {layout.ep} needs experts (--experts)")
     if config.experts and config.experts % layout.ep:

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from cost_meter import Meter
 from cost_model import predict
-from model import GPT, Config, loss_of
+from model import GPT, Config, loss_of, zigzag
 from parallelize import (
     Layout,
     build_mesh,
@@ -75,6 +75,8 @@ def parse_args(argv=None):
     defaults = Config()
     for name in ("dim", "heads", "layers", "seq", "ffn", "experts", "top_k"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    p.add_argument("--kv-heads", type=int, default=0, help="key/value heads, grouped-query "
+                   "attention (default: as many as --heads)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step, all ranks together")
     p.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x pp)")
     p.add_argument("--schedule", choices=("1F1B", "GPipe"), default="1F1B")
@@ -113,8 +115,9 @@ def parse_args(argv=None):
     else:
         fail(f"--dp-shard {args.dp_shard}: a number, or auto")
     layout = Layout(args.pp, args.dp_replicate, args.dp_shard, args.cp, args.ep, args.tp)
-    config = Config(vocab=256, dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
-                    ffn=args.ffn, experts=args.experts, top_k=args.top_k)
+    config = Config(vocab=256, dim=args.dim, heads=args.heads, kv_heads=args.kv_heads or args.heads,
+                    layers=args.layers, seq=args.seq, ffn=args.ffn, experts=args.experts,
+                    top_k=args.top_k)
     for name in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp", "dim", "heads", "layers",
                  "seq", "ffn", "batch", "accumulate", "steps"):
         if getattr(args, name) < 1:
@@ -125,6 +128,8 @@ def parse_args(argv=None):
         fail(f"--lr {args.lr}: must be greater than 0")
     if args.dim % args.heads or (args.dim // args.heads) % 2:
         fail(f"--dim {args.dim}: must split into {args.heads} heads of an even width")
+    if args.kv_heads < 0 or args.kv_heads and args.heads % args.kv_heads:
+        fail(f"--kv-heads {args.kv_heads}: must divide the {args.heads} heads")
     if args.experts and not 1 <= args.top_k <= args.experts:
         fail(f"--top-k {args.top_k}: between 1 and --experts {args.experts}")
     args.microbatches = args.microbatches or 2 * layout.pp
@@ -363,7 +368,8 @@ def main():
                 + mesh["dp_shard"].get_local_rank()) * layout.ep + mesh["ep"].get_local_rank())
     cp_rank = mesh["cp"].get_local_rank()
     rows = args.batch // layout.data_parallel
-    cols = config.seq // layout.cp
+    # the tokens of this rank's samples: two chunks of each under context parallelism
+    cols = zigzag(cp_rank, layout.cp, config.seq) if layout.cp > 1 else torch.arange(config.seq)
     schedule = None
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -385,8 +391,8 @@ def main():
         # this rank's rows of each accumulation step, and its chunk of their tokens
         mine = [slice((a * layout.data_parallel + dp_rank) * rows,
                       (a * layout.data_parallel + dp_rank + 1) * rows) for a in range(args.accumulate)]
-        xs = [x_all[r, cp_rank * cols:(cp_rank + 1) * cols].to(device) for r in mine]
-        ys = [y_all[r, cp_rank * cols:(cp_rank + 1) * cols].to(device) for r in mine]
+        xs = [x_all[r][:, cols].to(device) for r in mine]
+        ys = [y_all[r][:, cols].to(device) for r in mine]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
             if schedule is None:
                 for a, (x, y) in enumerate(zip(xs, ys)):
