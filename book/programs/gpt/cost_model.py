@@ -134,6 +134,9 @@ def predict_bytes(c, layout, args, rank):
         kv = rows * seq * kv_dim(c) // t * B
         sent["all_gather"] += passes * per * 2 * forwards * kv
         sent["reduce_scatter"] += passes * per * 2 * cp * kv
+    if cp > 1 and c.experts and c.aux_loss:  # the load-balancing loss: a sequence's choices
+        # (int64, per expert) summed over its cp ranks, in every forward
+        sent["all_reduce"] += passes * per * forwards * rows * c.experts * 8
     if layout.ep > 1:  # counts (int64), then rows out and back, forward and backward
         tokens = rows * seq * c.top_k * c.dim * B
         counts = c.experts * 8 * (args.microbatches if layout.pp > 1 else 1)  # per forward
@@ -197,7 +200,8 @@ def predict_memory(c, layout, args, rank):
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
     1F1B, all of them under GPipe. A checkpointed block keeps its input only.
     Under EP the rows a rank's experts get depend on the routing: the figure is the
-    balanced share (a rank's tokens x top_k), the mean over the EP group.
+    balanced share (a rank's tokens x top_k), the mean over the EP group (under a
+    pipeline, a stage's peak over micro-batches routed unevenly is above it).
     """
     B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     at = coordinates(layout, rank)
@@ -223,14 +227,21 @@ def predict_memory(c, layout, args, rank):
              + 4 * seq * c.dim // c.heads // 2)  # rotary cos, sin
     per_block = 2 * norm + (x + 2 * cp * kv + 2 * x) // t + small
     masks = (seq // 2) ** 2 * (2 * cp + 1) if cp > 1 else 0  # bytes: causal_lower_right's
-    if c.experts:  # routed rows in, hidden in and out, rows out of every expert
-        routed = rows * seq * c.top_k * c.dim
-        per_block += routed * (1 + 2 * c.ffn + 1) + rows * seq * (c.experts + 4 * c.top_k)
+    moe = 0  # bytes of the mixture of experts
+    if c.experts:
+        # the routed rows in, every expert's hidden layer (in and out), its rows out, and the
+        # gated rows index_add keeps; the router's probabilities and gates (float32 at least),
+        # three int64 indices of the choices; the load-balancing loss's two per sequence
+        choices, wide = rows * seq * c.top_k, max(B, 4)
+        moe = (choices * c.dim * (3 + 2 * c.ffn) * B + choices * B
+               + rows * seq * c.experts * wide + 3 * choices * 8
+               + (2 * rows * c.experts * wide if c.aux_loss else 0))
     else:
         per_block += 2 * c.ffn * x // t
+    block = per_block * B + masks + moe
     if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
-        per_block = x // t
-    blocks = c.layers // layout.pp * (per_block * B + masks * (not args.checkpoint_activations))
+        block = x // t * B
+    blocks = c.layers // layout.pp * block
     ends = rows * seq * 8 if first else 0  # the token ids
     if last:
         ends += (norm + rows * seq * c.vocab + 1) * B

@@ -32,6 +32,8 @@ class Config:
     ffn: int = 4  # the MLP's hidden width is ffn * dim
     experts: int = 0  # 0: a dense MLP in every block; E: a mixture of E experts
     top_k: int = 1  # experts per token
+    renormalize: bool = False  # divide a token's top-k gates by their sum
+    aux_loss: float = 0.01  # weight of the load-balancing loss (chapter 12), per MoE layer
 
 
 def rotate(x, positions):
@@ -140,19 +142,29 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routing, no capacity limit (no token is dropped, so any layout equals one process)."""
+    """Top-k routing, no capacity limit (no token is dropped, so any layout equals one
+    process), with chapter 12's load-balancing loss counted per sequence."""
 
     def __init__(self, c: Config):
         super().__init__()
-        self.n_experts, self.top_k = c.experts, c.top_k
+        self.n_experts, self.top_k, self.renormalize = c.experts, c.top_k, c.renormalize
         self.router = nn.Linear(c.dim, c.experts, bias=False)
         self.experts = Experts(c)
         self.ep_group = None  # expert parallelism: this rank holds experts[rank * E/ep ...]
+        self.cp_group = None  # context parallelism: a sequence's tokens are on these ranks
+        # the gradient of the load-balancing loss of one sequence; train.py sets it: the
+        # weight aux_loss, over the sequences of a step, as the model's loss averages them
+        self.aux_scale = 0.0
 
     def forward(self, x):
         shape = x.shape
         h = x.reshape(-1, shape[-1])
-        gate, expert = torch.softmax(self.router(h), dim=-1).topk(self.top_k, dim=-1)
+        # the router in float32 at least: a bfloat16 softmax would round the gates
+        wide = torch.promote_types(h.dtype, torch.float32)
+        probs = torch.softmax(F.linear(h.to(wide), self.router.weight.to(wide)), dim=-1)
+        gate, expert = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            gate = gate / gate.sum(-1, keepdim=True)
         order = expert.reshape(-1).argsort(stable=True)  # choices sorted by expert
         token = order // self.top_k
         counts = torch.bincount(expert.reshape(-1), minlength=self.n_experts)
@@ -160,8 +172,26 @@ class MoE(nn.Module):
             done = self.experts(h[token], counts.tolist())
         else:
             done = self.expert_parallel(h[token], counts)
-        out = torch.zeros_like(h).index_add(0, token, gate.reshape(-1)[order, None] * done)
-        return out.view(shape)
+        weights = gate.reshape(-1)[order, None].to(done.dtype)
+        out = torch.zeros_like(h).index_add(0, token, weights * done).view(shape)
+        if self.aux_scale and torch.is_grad_enabled():
+            balance = self.balance_loss(probs.view(*shape[:2], -1), expert.view(*shape[:2], -1))
+            out = AddLoss.apply(out, balance, self.aux_scale)
+        return out
+
+    def balance_loss(self, probs, expert):
+        """E sum_e f_e P_e of every sequence (chapter 12), summed over this rank's: f_e is
+        the share of a sequence's choices that go to expert e, P_e the mean probability
+        the router gives it. Per sequence, so that how a batch is cut (ranks, micro-batches)
+        changes nothing; a sequence split over context-parallel ranks counts its choices on
+        all of them (summed, no gradient), and each rank adds its own tokens' part of P_e."""
+        choices = F.one_hot(expert, self.n_experts).sum((1, 2))  # (sequences, E)
+        tokens = probs.shape[1]
+        if self.cp_group is not None:
+            dist.all_reduce(choices, group=self.cp_group)
+            tokens *= dist.get_world_size(self.cp_group)
+        f = choices.to(probs.dtype) / (self.top_k * tokens)
+        return self.n_experts * (f * probs.sum(1) / tokens).sum()
 
     def expert_parallel(self, rows, counts):
         """Send the rows to the ranks of their experts, run the local experts, send them back."""
@@ -177,6 +207,21 @@ class MoE(nn.Module):
         by_expert = label.argsort(stable=True)  # arrived by source rank, then expert: by expert
         done = self.experts(arrived[by_expert], received.view(ranks, local).sum(0).tolist())
         return wait_tensor(all_to_all_single_autograd(done[by_expert.argsort()], send, recv, group))
+
+
+class AddLoss(torch.autograd.Function):
+    """x unchanged; in the backward pass `loss` gets the gradient `scale`, as if scale x loss
+    were added to the model's loss. A loss made inside a block reaches the backward pass
+    this way under any layout, a pipeline stage that does not compute the final loss too."""
+
+    @staticmethod
+    def forward(ctx, x, loss, scale):
+        ctx.scale, ctx.dtype, ctx.device = scale, loss.dtype, loss.device
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, torch.tensor(ctx.scale, dtype=ctx.dtype, device=ctx.device), None
 
 
 class Block(nn.Module):

@@ -226,6 +226,8 @@ def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=F
     if layout.cp > 1:
         for block in stage.layers.values():
             block.attn.cp_group = mesh["cp"].get_group()
+            if hasattr(block.mlp, "experts"):  # the load-balancing loss counts whole sequences
+                block.mlp.cp_group = mesh["cp"].get_group()
     if layout.ep > 1:
         apply_ep(stage, mesh["ep"])
     if checkpoint:

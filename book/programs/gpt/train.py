@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from cost_meter import Meter
 from cost_model import predict
-from model import GPT, Config, loss_of, zigzag
+from model import GPT, Config, MoE, loss_of, zigzag
 from parallelize import (
     Layout,
     build_mesh,
@@ -77,6 +77,10 @@ def parse_args(argv=None):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     p.add_argument("--kv-heads", type=int, default=0, help="key/value heads, grouped-query "
                    "attention (default: as many as --heads)")
+    p.add_argument("--renormalize", action="store_true", help="divide a token's top-k gates by "
+                   "their sum")
+    p.add_argument("--aux-loss", type=float, default=defaults.aux_loss, help="weight of the "
+                   f"experts' load-balancing loss (default {defaults.aux_loss}; 0: none)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step, all ranks together")
     p.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x pp)")
     p.add_argument("--schedule", choices=("1F1B", "GPipe"), default="1F1B")
@@ -117,13 +121,14 @@ def parse_args(argv=None):
     layout = Layout(args.pp, args.dp_replicate, args.dp_shard, args.cp, args.ep, args.tp)
     config = Config(vocab=256, dim=args.dim, heads=args.heads, kv_heads=args.kv_heads or args.heads,
                     layers=args.layers, seq=args.seq, ffn=args.ffn, experts=args.experts,
-                    top_k=args.top_k)
+                    top_k=args.top_k, renormalize=args.renormalize, aux_loss=args.aux_loss)
     for name in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp", "dim", "heads", "layers",
                  "seq", "ffn", "batch", "accumulate", "steps"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    if args.microbatches < 0 or args.save_every < 0 or args.sample < 0 or args.log_every < 0 or args.clip < 0:
-        fail("--microbatches, --save-every, --sample, --log-every and --clip: must not be negative")
+    if min(args.microbatches, args.save_every, args.sample, args.log_every, args.clip, args.aux_loss) < 0:
+        fail("--microbatches, --save-every, --sample, --log-every, --clip and --aux-loss: must not "
+             "be negative")
     if not args.lr > 0:
         fail(f"--lr {args.lr}: must be greater than 0")
     if args.dim % args.heads or (args.dim // args.heads) % 2:
@@ -357,6 +362,10 @@ def main():
     model = GPT(config)
     stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile)
     part = inner(stage)
+    for module in stage.modules():  # the load-balancing loss, as a share of the step's loss
+        if isinstance(module, MoE):  # (a mean over the step's sequences, averaged like it)
+            module.aux_scale = config.aux_loss * layout.cp / (args.batch * args.accumulate
+                                                              // layout.data_parallel)
     optimizer = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.1)
     first = load(args.load, stage, optimizer) if args.load else 0
     history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
