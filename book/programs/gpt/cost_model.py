@@ -29,7 +29,7 @@ def _chunk(rows, ranks, index):
     return per, max(0, min(per, rows - index * per))
 
 
-def stage_parameters(c, layout, stage):
+def stage_parameters(c, layout, stage, bf16=False):
     """(name, local shape under TP, FSDP group) of every parameter a pipeline stage holds.
 
     Tensor parallelism splits wq, wk, wv, w1 by output rows (dim 0), wo, w2 by input
@@ -45,7 +45,7 @@ def stage_parameters(c, layout, stage):
         params += [(w, (kv // t, d), block) for w in ("wk", "wv")] + [("wo", (d, d // t), block)]
         if c.experts:
             ep_group = f"experts{i}" if layout.ep > 1 else block
-            params += [("router", (c.experts, d), block),
+            params += [("router", (c.experts, d), f"router{i}" if bf16 else block),
                        ("w1", (c.experts // layout.ep, d, h), ep_group),
                        ("w2", (c.experts // layout.ep, h, d), ep_group)]
         else:
@@ -66,47 +66,58 @@ def coordinates(layout, rank):
     return out
 
 
-def _fsdp(layout):
+def _fsdp(layout, args):
+    """Whether FSDP2 holds the parameters (parallelize.uses_fsdp)."""
     sharded = layout.dp_shard * layout.cp * layout.ep > 1
-    return sharded or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1))
+    return sharded or args.bf16 or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1))
+
+
+def sizes(args):
+    """Bytes of an element: of the parameters, gradients and optimizer state (the run's
+    dtype), and of the activations (bfloat16 with --bf16)."""
+    B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    return B, 2 if args.bf16 else B
 
 
 def predict_bytes(c, layout, args, rank):
     """Bytes this rank puts into each kind of collective in one optimizer step.
 
     All-to-all under EP: the rows a rank gets back depend on the routing; the figure is
-    the mean over the EP group (which is exact: each row sent is received once).
+    the mean over the EP group (which is exact: each row sent is received once). With
+    --bf16 FSDP2 gathers the parameters in bfloat16 (the router's in float32) and reduces
+    the gradients in float32; the activations and their gradients are bfloat16.
     """
-    B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    B, A = sizes(args)
     at = coordinates(layout, rank)
     stage, t, cp = at["pp"], layout.tp, layout.cp
     first, last = stage == 0, stage == layout.pp - 1
     per = c.layers // layout.pp
     rows = args.batch // layout.data_parallel  # sequences per rank per pass
     seq = c.seq // cp  # tokens of a sequence on this rank
-    act_full, act_shard = rows * seq * c.dim * B, rows * seq // t * c.dim * B
+    act_full, act_shard = rows * seq * c.dim * A, rows * seq // t * c.dim * A
     forwards = 2 if args.checkpoint_activations else 1  # a checkpointed block runs twice
     sent = dict.fromkeys(KINDS, 0)
     passes = args.accumulate  # forward and backward of the local batch, per step
-    params = stage_parameters(c, layout, stage)
+    params = stage_parameters(c, layout, stage, args.bf16)
 
-    if _fsdp(layout):
+    if _fsdp(layout, args):
         n = layout.dp_shard * cp * layout.ep  # dense shards; experts over dp_shard x cp
         groups = {}
         for _, shape, group in params:
             ranks = n if not group.startswith("experts") else layout.dp_shard * cp
             padded, _ = _chunk(shape[0], ranks, 0)
             numel = padded * math.prod(shape[1:])
-            shard, full, _ = groups.get(group, (0, 0, ranks))
-            groups[group] = (shard + numel, full + numel * ranks, ranks)
+            shard, full, _, cast = groups.get(group, (0, 0, ranks, 0))
+            groups[group] = (shard + numel, full + numel * ranks, ranks,
+                             A if not group.startswith("router") else B)
         # outside a pipeline each group is gathered for forward and again for backward
         # (reshard_after_forward) in every accumulation step; a pipeline keeps it gathered
         # over the micro-batches of its one schedule a step. The gradients are reduced
         # once, after the last backward (set_requires_gradient_sync before it)
         gathers = 2 * passes if layout.pp == 1 else 1
-        for shard, full, ranks in groups.values():
+        for shard, full, ranks, cast in groups.values():
             if ranks > 1:  # (a group of one rank, the experts' under --ep alone, sends nothing)
-                sent["all_gather"] += gathers * shard * B
+                sent["all_gather"] += gathers * shard * cast
                 sent["reduce_scatter"] += full * B
             if layout.dp_replicate > 1:  # HSDP: the shard is all-reduced over the replicas
                 sent["all_reduce"] += shard * B
@@ -125,33 +136,33 @@ def predict_bytes(c, layout, args, rank):
             sent["reduce_scatter"] += passes * act_full
             sent["all_gather"] += passes * act_shard
         if last:  # the head gathers the sequence, then the vocabulary-split logits
-            sent["all_gather"] += passes * (act_shard + rows * seq * c.vocab // t * B)
+            sent["all_gather"] += passes * (act_shard + rows * seq * c.vocab // t * A)
             sent["reduce_scatter"] += passes * act_full
         # the norms' gradients are partial sums over tp (each rank saw its part of the
         # sequence): all-reduced once, by FSDP2 or by sum_partial_gradients
-        sent["all_reduce"] += (2 * per + last) * c.dim * B
+        sent["all_reduce"] += (2 * per + last) * c.dim * A  # (before FSDP2 casts them)
     if cp > 1:  # every block gathers K and V (forward), reduce-scatters their gradients
-        kv = rows * seq * kv_dim(c) // t * B
+        kv = rows * seq * kv_dim(c) // t * A
         sent["all_gather"] += passes * per * 2 * forwards * kv
         sent["reduce_scatter"] += passes * per * 2 * cp * kv
     if cp > 1 and c.experts and c.aux_loss:  # the load-balancing loss: a sequence's choices
         # (int64, per expert) summed over its cp ranks, in every forward
         sent["all_reduce"] += passes * per * forwards * rows * c.experts * 8
     if layout.ep > 1:  # counts (int64), then rows out and back, forward and backward
-        tokens = rows * seq * c.top_k * c.dim * B
+        tokens = rows * seq * c.top_k * c.dim * A
         counts = c.experts * 8 * (args.microbatches if layout.pp > 1 else 1)  # per forward
         sent["all_to_all"] += passes * per * (forwards * (counts + 2 * tokens) + 2 * tokens)
     if layout.pp > 1:  # activations forward, their gradients backward, per micro-batch
         sent["send_recv"] += passes * act_shard * ((not last) + (not first))
         if first or last:  # the tied embedding's gradient, between first and last stage
             rows_emb = c.vocab // t
-            if _fsdp(layout):
+            if _fsdp(layout, args):
                 n = layout.dp_shard * cp * layout.ep
                 index = (at["dp_shard"] * cp + at["cp"]) * layout.ep + at["ep"]
                 rows_emb = _chunk(rows_emb, n, index)[1]
             sent["all_reduce"] += rows_emb * c.dim * B
     if args.clip:
-        sent["all_reduce"] += clip_bytes(c, layout, params, stage, B)
+        sent["all_reduce"] += clip_bytes(c, layout, args, params, stage, B)
     if layout.data_parallel * cp > 1:  # the loss, one float64, averaged
         sent["all_reduce"] += 8
     if layout.pp > 1:  # and sent from the last stage to the others
@@ -159,7 +170,7 @@ def predict_bytes(c, layout, args, rank):
     return sent
 
 
-def clip_bytes(c, layout, params, stage, B):
+def clip_bytes(c, layout, args, params, stage, B):
     """The gradient norm of train.py's clip_grad_norm: torch's get_total_norm takes each
     gradient's norm, and DTensor sums the vector of them (one entry per tensor) over every
     mesh dimension where a gradient is sharded (FSDP's and TP's); then the squared norms
@@ -167,15 +178,15 @@ def clip_bytes(c, layout, params, stage, B):
     experts = sum(1 for _, _, group in params if group.startswith("experts"))
     dense = len(params) - experts - (layout.pp > 1 and 0 < stage == layout.pp - 1)  # tied copy
     n = layout.dp_shard * layout.cp * layout.ep  # FSDP's shards of the dense weights
-    sent = dense * B * ((_fsdp(layout) and n > 1) + (layout.tp > 1))
+    sent = dense * B * ((_fsdp(layout, args) and n > 1) + (layout.tp > 1))
     if experts:
         sent += experts * B * (layout.dp_shard * layout.cp > 1) + 8
     return sent + 8 * (layout.pp > 1)
 
 
-def _fsdp_index(layout, at, experts=False):
+def _fsdp_index(layout, args, at, experts=False):
     """(shards, this rank's shard) of a parameter under FSDP; (1, 0) without it."""
-    if not _fsdp(layout):
+    if not _fsdp(layout, args):
         return 1, 0
     if experts:
         return layout.dp_shard * layout.cp, at["dp_shard"] * layout.cp + at["cp"]
@@ -202,15 +213,19 @@ def predict_memory(c, layout, args, rank):
     Under EP the rows a rank's experts get depend on the routing: the figure is the
     balanced share (a rank's tokens x top_k), the mean over the EP group (under a
     pipeline, a stage's peak over micro-batches routed unevenly is above it).
+    With --bf16 the activations are bfloat16 but for what is kept in float32: the norms'
+    input and output (an RMSNorm computes in float32) and the per-token statistics of the
+    norms and of attention, the router's probabilities, the log-softmax.
     """
-    B = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    B, A = sizes(args)
+    F = max(A, 4)  # float32 at least
     at = coordinates(layout, rank)
     stage, t, cp = at["pp"], layout.tp, layout.cp
     first, last = stage == 0, stage == layout.pp - 1
     params = 0
     count = 0
-    for _, shape, group in stage_parameters(c, layout, stage):
-        n, index = _fsdp_index(layout, at, experts=group.startswith("experts"))
+    for _, shape, group in stage_parameters(c, layout, stage, args.bf16):
+        n, index = _fsdp_index(layout, args, at, experts=group.startswith("experts"))
         params += _chunk(shape[0], n, index)[1] * math.prod(shape[1:])
         count += 1
     rows = args.batch // layout.data_parallel
@@ -221,30 +236,30 @@ def predict_memory(c, layout, args, rank):
         in_flight = micro if args.schedule == "GPipe" else min(micro, layout.pp - stage)
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
-    norm = 2 * x // t + x
+    norm = 2 * x // t * F + x * A  # bytes: a norm computes in float32 at least
     kv = rows * seq * kv_dim(c)  # this rank's keys (and values), elements
-    small = (2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
-             + 4 * seq * c.dim // c.heads // 2)  # rotary cos, sin
-    per_block = 2 * norm + (x + 2 * cp * kv + 2 * x) // t + small
+    stats = 2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
+    rotary = 4 * seq * c.dim // c.heads // 2  # cos, sin (of q and k)
+    per_block = (x + 2 * cp * kv + 2 * x) // t + rotary
     masks = (seq // 2) ** 2 * (2 * cp + 1) if cp > 1 else 0  # bytes: causal_lower_right's
     moe = 0  # bytes of the mixture of experts
     if c.experts:
         # the routed rows in, every expert's hidden layer (in and out), its rows out, and the
         # gated rows index_add keeps; the router's probabilities and gates (float32 at least),
         # three int64 indices of the choices; the load-balancing loss's two per sequence
-        choices, wide = rows * seq * c.top_k, max(B, 4)
-        moe = (choices * c.dim * (3 + 2 * c.ffn) * B + choices * B
-               + rows * seq * c.experts * wide + 3 * choices * 8
-               + (2 * rows * c.experts * wide if c.aux_loss else 0))
+        choices = rows * seq * c.top_k
+        moe = (choices * c.dim * (3 + 2 * c.ffn) * A + choices * A
+               + rows * seq * c.experts * F + 3 * choices * 8
+               + (2 * rows * c.experts * F if c.aux_loss else 0))
     else:
         per_block += 2 * c.ffn * x // t
-    block = per_block * B + masks + moe
+    block = 2 * norm + per_block * A + stats * F + masks + moe
     if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
-        block = x // t * B
+        block = x // t * A
     blocks = c.layers // layout.pp * block
     ends = rows * seq * 8 if first else 0  # the token ids
-    if last:
-        ends += (norm + rows * seq * c.vocab + 1) * B
+    if last:  # the final norm, the log-softmax of the logits (float32 at least), the loss
+        ends += norm + rows * seq // t * F + (rows * seq * c.vocab + 1) * F
     return {"parameters": params * B, "gradients": params * B,
             "optimizer": (2 * params + count) * B, "activations": in_flight * (blocks + ends)}
 

@@ -39,9 +39,10 @@ class Config:
 def rotate(x, positions):
     """Rotary position embedding of x (batch, heads, tokens, head_dim) at these positions."""
     half = x.shape[-1] // 2
-    freqs = 10000.0 ** (-torch.arange(half, dtype=x.dtype, device=x.device) / half)
-    angles = positions[:, None].to(x.dtype) * freqs
-    cos, sin = angles.cos(), angles.sin()
+    wide = torch.promote_types(x.dtype, torch.float32)  # angles in bfloat16 would be far off
+    freqs = 10000.0 ** (-torch.arange(half, dtype=wide, device=x.device) / half)
+    angles = positions[:, None].to(wide) * freqs
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
@@ -159,9 +160,10 @@ class MoE(nn.Module):
     def forward(self, x):
         shape = x.shape
         h = x.reshape(-1, shape[-1])
-        # the router in float32 at least: a bfloat16 softmax would round the gates
+        # the router in float32 at least (with --bf16 FSDP keeps its weight float32): in
+        # bfloat16 the gates would be rounded to 3 digits and close experts tied
         wide = torch.promote_types(h.dtype, torch.float32)
-        probs = torch.softmax(F.linear(h.to(wide), self.router.weight.to(wide)), dim=-1)
+        probs = torch.softmax(self.router(h.to(wide)), dim=-1)
         gate, expert = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
             gate = gate / gate.sum(-1, keepdim=True)
@@ -265,4 +267,6 @@ class GPT(nn.Module):
 
 
 def loss_of(logits, targets):
+    """The mean cross-entropy, in float32 at least (bfloat16 logits are widened)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

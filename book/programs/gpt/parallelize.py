@@ -123,6 +123,13 @@ def build_mesh(layout: Layout, device_type: str, timeout):
     return meshes
 
 
+def uses_fsdp(layout: Layout, bf16=False):
+    """FSDP2 where weights are sharded, where replicas meet TP or PP (HSDP), and with bf16;
+    DDP for replicas alone."""
+    sharded = layout.dp_shard * layout.cp * layout.ep > 1
+    return sharded or bf16 or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1))
+
+
 def pipeline_stage(model, layout: Layout, pp_rank: int):
     """This rank's stage: its layers, the embedding on the first, norm and head on the last.
 
@@ -198,28 +205,41 @@ def apply_ac(model):
         model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_fsdp(model, mesh, layout: Layout, in_pipeline: bool):
-    """FSDP2 over every data-parallel rank (HSDP: replicated over dp_replicate)."""
-    from torch.distributed.fsdp import fully_shard
+def apply_fsdp(model, mesh, layout: Layout, in_pipeline: bool, bf16=False):
+    """FSDP2 over every data-parallel rank (HSDP: replicated over dp_replicate).
+
+    With bf16, FSDP2's mixed precision: each group's parameters are gathered in bfloat16
+    (half the bytes) and computed with, and the gradients reduced in float32 into the
+    float32 shards AdamW updates. The router keeps float32 (a group of its own).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dense = mesh["hsdp"] if layout.dp_replicate > 1 else mesh["fsdp"]
     reshard = not in_pipeline  # a pipeline runs each block once per micro-batch: keep it gathered
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32 if bf16 else None)
     for block in model.layers.values():
         moe = getattr(block, "mlp", None)
+        if bf16 and hasattr(moe, "router"):
+            fully_shard(moe.router, mesh=dense, reshard_after_forward=reshard,
+                        mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
         if layout.ep > 1 and hasattr(moe, "experts"):
             experts = mesh["ehsdp"] if layout.dp_replicate > 1 else mesh["efsdp"]
-            fully_shard(moe.experts, mesh=experts, reshard_after_forward=reshard)
+            fully_shard(moe.experts, mesh=experts, reshard_after_forward=reshard, mp_policy=policy)
             # FSDP averages each expert's gradient over the ranks it reduces over, but the
             # all-to-all's backward has already summed it over the "ep" ranks: divide by ep
             # too. (Not set_gradient_divide_factor: on a mesh of one rank torch 2.14 divides
             # float64 gradients twice by it, and on gloo float32 needs PREMUL_SUM.)
             moe.experts.set_all_reduce_hook(lambda grad, ep=layout.ep: grad.div_(ep))
-        fully_shard(block, mesh=dense, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dense, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dense, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dense, reshard_after_forward=reshard, mp_policy=policy)
 
 
-def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=False):
-    """This rank's part of the model on the layout (before any optimizer is built)."""
+def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=False, bf16=False):
+    """This rank's part of the model on the layout (before any optimizer is built).
+
+    With bf16, FSDP2 holds the parameters on every layout (on a mesh of one rank it shards
+    nothing, but it casts them)."""
     stage = pipeline_stage(model, layout, mesh["pp"].get_local_rank()).to(device)
     if layout.tp > 1:
         apply_tp(stage, mesh["tp"])
@@ -235,9 +255,8 @@ def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=F
     if compile:
         for name, block in list(stage.layers.items()):
             stage.layers[name] = torch.compile(block)
-    sharded = layout.dp_shard * layout.cp * layout.ep > 1
-    if sharded or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1)):
-        apply_fsdp(stage, mesh, layout, in_pipeline=layout.pp > 1)
+    if uses_fsdp(layout, bf16):
+        apply_fsdp(stage, mesh, layout, in_pipeline=layout.pp > 1, bf16=bf16)
     elif layout.dp_replicate > 1:
         stage = torch.nn.parallel.DistributedDataParallel(
             stage, process_group=mesh["dp_replicate"].get_group())

@@ -90,7 +90,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
+    p.add_argument("--bf16", action="store_true", help="FSDP2's mixed precision: parameters "
+                   "gathered and used in bfloat16, gradients reduced in float32")
     p.add_argument("--checkpoint-activations", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--seed", type=int, default=0)
@@ -129,6 +130,8 @@ def parse_args(argv=None):
     if min(args.microbatches, args.save_every, args.sample, args.log_every, args.clip, args.aux_loss) < 0:
         fail("--microbatches, --save-every, --sample, --log-every, --clip and --aux-loss: must not "
              "be negative")
+    if args.bf16 and args.dtype != "float32":
+        fail(f"--bf16 with --dtype {args.dtype}: the parameters bfloat16 is cast from are float32")
     if not args.lr > 0:
         fail(f"--lr {args.lr}: must be greater than 0")
     if args.dim % args.heads or (args.dim // args.heads) % 2:
@@ -360,7 +363,8 @@ def main():
     rank = dist.get_rank()
     torch.manual_seed(args.seed)  # the same whole model on every rank, then each keeps its part
     model = GPT(config)
-    stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile)
+    stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile,
+                        args.bf16)
     part = inner(stage)
     for module in stage.modules():  # the load-balancing loss, as a share of the step's loss
         if isinstance(module, MoE):  # (a mean over the step's sequences, averaged like it)
@@ -402,20 +406,19 @@ def main():
                       (a * layout.data_parallel + dp_rank + 1) * rows) for a in range(args.accumulate)]
         xs = [x_all[r][:, cols].to(device) for r in mine]
         ys = [y_all[r][:, cols].to(device) for r in mine]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-            if schedule is None:
-                for a, (x, y) in enumerate(zip(xs, ys)):
-                    with gradient_sync(stage, last=a == args.accumulate - 1):
-                        loss = loss_of(stage(x), y) / args.accumulate
-                        loss.backward()
-                    total += loss.detach().double()
-            else:  # the accumulation steps are more micro-batches of one schedule, which
-                # reduces the gradients once, after the last
-                parts = []
-                schedule.step(torch.cat(xs) if part.embeds else None,
-                              target=torch.cat(ys) if part.outputs else None, losses=parts)
-                if part.outputs:
-                    total += torch.stack(parts).sum().detach().double()
+        if schedule is None:
+            for a, (x, y) in enumerate(zip(xs, ys)):
+                with gradient_sync(stage, last=a == args.accumulate - 1):
+                    loss = loss_of(stage(x), y) / args.accumulate
+                    loss.backward()
+                total += loss.detach().double()
+        else:  # the accumulation steps are more micro-batches of one schedule, which
+            # reduces the gradients once, after the last
+            parts = []
+            schedule.step(torch.cat(xs) if part.embeds else None,
+                          target=torch.cat(ys) if part.outputs else None, losses=parts)
+            if part.outputs:
+                total += torch.stack(parts).sum().detach().double()
         sum_partial_gradients(stage)
         tie_gradients(part, tie)
         norm = clip_grad_norm(stage, args.clip, layout, mesh) if args.clip else None
