@@ -135,9 +135,12 @@ def predict_bytes(c, layout, args, rank):
         if first:  # the vocabulary-split embedding: reduce-scatter; backward all-gather
             sent["reduce_scatter"] += passes * act_full
             sent["all_gather"] += passes * act_shard
-        if last:  # the head gathers the sequence, then the vocabulary-split logits
-            sent["all_gather"] += passes * (act_shard + rows * seq * c.vocab // t * A)
+        if last:  # the head gathers the sequence (backward: reduce-scatter); the logits
+            # stay split by vocabulary: loss_parallel all-reduces three numbers a token
+            # (the largest logit, the sum of exponentials, the target's logit)
+            sent["all_gather"] += passes * act_shard
             sent["reduce_scatter"] += passes * act_full
+            sent["all_reduce"] += passes * 3 * rows * seq * max(A, 4)
         # the norms' gradients are partial sums over tp (each rank saw its part of the
         # sequence): all-reduced once, by FSDP2 or by sum_partial_gradients
         sent["all_reduce"] += (2 * per + last) * c.dim * A  # (before FSDP2 casts them)
@@ -207,7 +210,8 @@ def predict_memory(c, layout, args, rank):
     statistics and the rotary tables. Under CP, each of a rank's two chunks of queries
     keeps its causal_lower_right mask, which SDPA makes on the CPU (bools; CUDA's kernels
     take the bias without one); no other attention mask exists (is_causal). The
-    ends add the token ids, the final norm and the log-softmax of the whole logits. A
+    ends add the token ids, the final norm and the log-softmax of the logits (1/t of
+    them under TP: loss_parallel never gathers them). A
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
     1F1B, all of them under GPipe. A checkpointed block keeps its input only.
     Under EP the rows a rank's experts get depend on the routing: the figure is the
@@ -259,7 +263,7 @@ def predict_memory(c, layout, args, rank):
     blocks = c.layers // layout.pp * block
     ends = rows * seq * 8 if first else 0  # the token ids
     if last:  # the final norm, the log-softmax of the logits (float32 at least), the loss
-        ends += norm + rows * seq // t * F + (rows * seq * c.vocab + 1) * F
+        ends += norm + rows * seq // t * F + (rows * seq * c.vocab // t + 1) * F
     return {"parameters": params * B, "gradients": params * B,
             "optimizer": (2 * params + count) * B, "activations": in_flight * (blocks + ends)}
 

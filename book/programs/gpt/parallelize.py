@@ -18,7 +18,6 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -166,9 +165,8 @@ def apply_tp(model, tp_mesh, sequence_parallel=True):
     plan = {name: style for name, style in top.items()
             if style is not None and getattr(model, name, None) is not None}
     parallelize_module(model, tp_mesh, plan)
-    if model.head is not None:  # the logits: vocabulary-sharded, then gathered
-        parallelize_module(model.head, tp_mesh, PrepareModuleOutput(
-            output_layouts=Shard(-1), desired_output_layouts=Replicate()))
+    # the logits stay vocabulary-sharded, a DTensor: train.py computes the loss under
+    # loss_parallel, which never gathers them (each rank holds 1/tp of them)
     for block in model.layers.values():
         plan = {
             "attn_norm": norm,

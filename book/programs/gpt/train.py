@@ -24,7 +24,6 @@ import os
 import sys
 import sysconfig
 import time
-import warnings
 from dataclasses import asdict
 
 import torch
@@ -41,11 +40,9 @@ from parallelize import (
     tie_gradients,
     tie_groups,
 )
+from torch.distributed.tensor.parallel import loss_parallel
 
 TIMEOUT = datetime.timedelta(seconds=120)
-# FSDP2 warns when a model returns a view (an in-place op on it would skip a hook): the
-# logits under tensor parallelism are one, and nothing here changes them in place
-warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 # DTensor logs a warning when a weight sharded over two axes (FSDP x TP) is gathered whole
 # in two all-gathers: full_parameters does that once, at the end, for the comparison
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -301,6 +298,11 @@ def clip_grad_norm(stage, max_norm, layout, mesh):
     return norm.item()
 
 
+def whole(t):
+    """A plain tensor: a DTensor's full value (the loss under loss_parallel is replicated)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def inner(stage):
     return stage.module if isinstance(stage, torch.nn.parallel.DistributedDataParallel) else stage
 
@@ -383,6 +385,9 @@ def main():
     rows = args.batch // layout.data_parallel
     # the tokens of this rank's samples: two chunks of each under context parallelism
     cols = zigzag(cp_rank, layout.cp, config.seq) if layout.cp > 1 else torch.arange(config.seq)
+    # under TP the logits are split by vocabulary over the tp ranks: loss_parallel computes
+    # the cross-entropy (and its backward) from the pieces, with no rank holding them all
+    parallel_loss = loss_parallel if layout.tp > 1 else contextlib.nullcontext
     schedule = None
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -406,19 +411,20 @@ def main():
                       (a * layout.data_parallel + dp_rank + 1) * rows) for a in range(args.accumulate)]
         xs = [x_all[r][:, cols].to(device) for r in mine]
         ys = [y_all[r][:, cols].to(device) for r in mine]
-        if schedule is None:
-            for a, (x, y) in enumerate(zip(xs, ys)):
-                with gradient_sync(stage, last=a == args.accumulate - 1):
-                    loss = loss_of(stage(x), y) / args.accumulate
-                    loss.backward()
-                total += loss.detach().double()
-        else:  # the accumulation steps are more micro-batches of one schedule, which
-            # reduces the gradients once, after the last
-            parts = []
-            schedule.step(torch.cat(xs) if part.embeds else None,
-                          target=torch.cat(ys) if part.outputs else None, losses=parts)
-            if part.outputs:
-                total += torch.stack(parts).sum().detach().double()
+        with parallel_loss():
+            if schedule is None:
+                for a, (x, y) in enumerate(zip(xs, ys)):
+                    with gradient_sync(stage, last=a == args.accumulate - 1):
+                        loss = loss_of(stage(x), y) / args.accumulate
+                        loss.backward()
+                    total += whole(loss.detach()).double()
+            else:  # the accumulation steps are more micro-batches of one schedule, which
+                # reduces the gradients once, after the last
+                parts = []
+                schedule.step(torch.cat(xs) if part.embeds else None,
+                              target=torch.cat(ys) if part.outputs else None, losses=parts)
+                if part.outputs:
+                    total += whole(torch.stack(parts).sum().detach()).double()
         sum_partial_gradients(stage)
         tie_gradients(part, tie)
         norm = clip_grad_norm(stage, args.clip, layout, mesh) if args.clip else None
