@@ -1,10 +1,12 @@
-"""A small GPT: byte-level, decoder-only, rotary positions, tied embeddings, and an
-optional mixture-of-experts MLP. torch only; train.py trains it on any layout.
+"""A small GPT: byte-level, decoder-only, rotary positions, grouped-query causal attention,
+tied embeddings, and an optional mixture-of-experts MLP with a load-balancing loss.
+torch only; train.py trains it on any layout.
 
 The model knows two things about parallelism, both set by parallelize.py and both off
-(None) in one process: the context-parallel group of its attention (the keys and values
-of the whole sequence are gathered over it) and the expert-parallel group of its
-mixture of experts (tokens travel to the rank that holds their expert and back).
+(None) in one process: the context-parallel group (each rank holds two chunks of every
+sequence, zig-zag; the attention gathers every rank's keys and values over it, and the
+mixture of experts counts a sequence's choices over it) and the expert-parallel group of
+the mixture of experts (tokens travel to the rank that holds their expert and back).
 """
 
 from dataclasses import dataclass
