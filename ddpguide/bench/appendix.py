@@ -131,7 +131,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
         "mfu_one_process": Anchor("model FLOPs (6 x parameters x tokens + attention) per second / the "
                                   "matmul peak measured in the same run, 1 process, float32", "", ">= 0.5"),
         "bytes_counted_over_predicted": Anchor("bytes put into every collective, counted in a step / "
-                                               "the formulas of cost.py, every kind and layout", "", "= 1.000"),
+                                               "the formulas of cost_model.py, every kind and layout", "", "= 1.000"),
         **{f"step_time_predicted_over_measured_{key}": Anchor(
             f"step time predicted (the step at --dim 16 + the growth of FLOPs and bytes) / measured, {name}",
             "", "0.8-1.25")

@@ -1,10 +1,10 @@
 """The cost of a layout of ``book/programs/gpt/train.py``: predicted, counted, timed.
 
 :func:`measure` runs the program with ``--cost`` and reads the ``cost`` of its
-``--report`` file (the prediction of ``cost.py`` for every rank, and what every rank
-counted and measured in one step); :func:`compare` puts them side by side. The step time is predicted from a
-latency-bandwidth (alpha-beta) model of gloo, fitted to timed all-reduces
-(:func:`fit_alpha_beta`), and the compute time from the step's model FLOPs at the
+``--report`` file (the prediction of ``cost_model.py`` for every rank, and what every rank
+counted and measured in one step with ``cost_meter.py``); :func:`compare` puts them side
+by side. The step time is predicted from a latency-bandwidth (alpha-beta) model of gloo,
+fitted to timed all-reduces (:func:`fit_alpha_beta`), and the compute time from the step's model FLOPs at the
 FLOP/s one process reaches on the same model (:func:`predict_step_seconds`).
 """
 
@@ -19,20 +19,6 @@ from ddpguide.launch.report import ReportError
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 MEMORY = ("parameters", "gradients", "optimizer", "activations")
-
-#: (name, ranks, options): the layouts whose bytes are checked exactly
-COST_LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("1 process", 1, ()),
-    ("DDP 2", 2, ("--dp-replicate", "2")),
-    ("FSDP2 2", 2, ("--dp-shard", "2")),
-    ("TP 2", 2, ("--tp", "2")),
-    ("PP 2", 2, ("--pp", "2")),
-    ("CP 2", 2, ("--cp", "2")),
-    ("FSDP x TP 2 x 2", 4, ("--dp-shard", "2", "--tp", "2")),
-    ("PP x FSDP 2 x 2", 4, ("--pp", "2", "--dp-shard", "2")),
-    ("EP x FSDP 2 x 2 (MoE)", 4, ("--dp-shard", "2", "--ep", "2", "--experts", "4")),
-    ("CP x EP 2 x 2 (MoE, top-2)", 4, ("--cp", "2", "--ep", "2", "--experts", "4", "--top-k", "2")),
-)
 
 
 def measure(options: tuple[str, ...], ranks: int, extra: tuple[str, ...] = CHECK,

@@ -16,6 +16,11 @@ from ddpguide.launch.programs import ProgramRun, run, torchrun
 
 PROGRAM = "gpt/train.py"
 
+#: the mixture of experts of the table: 4 experts, grouped-query attention (2 key/value heads);
+#: top-1, or top-2 with the gates renormalised
+MOE = ("--experts", "4", "--kv-heads", "2")
+TOP2 = (*MOE, "--top-k", "2", "--renormalize")
+
 #: (name, ranks, the layout's options): the chapter's table, in the order it is shown.
 LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("1 process", 1, ()),
@@ -30,13 +35,13 @@ LAYOUTS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("PP x TP 2 x 2", 4, ("--pp", "2", "--tp", "2")),
     ("CP x FSDP 2 x 2", 4, ("--cp", "2", "--dp-shard", "2")),
     ("PP x FSDP x TP 2 x 2 x 2", 8, ("--pp", "2", "--dp-shard", "2", "--tp", "2")),
-    ("EP 2 (MoE)", 2, ("--ep", "2", "--experts", "4")),
-    ("EP 2 (MoE, top-2)", 2, ("--ep", "2", "--experts", "4", "--top-k", "2")),
-    ("DDP x EP 2 x 2 (MoE, top-2)", 4, ("--dp-replicate", "2", "--ep", "2", "--experts", "4",
-                                        "--top-k", "2")),
-    ("EP x FSDP 2 x 2 (MoE)", 4, ("--dp-shard", "2", "--ep", "2", "--experts", "4")),
-    ("CP x EP 2 x 2 (MoE, top-2)", 4, ("--cp", "2", "--ep", "2", "--experts", "4", "--top-k", "2")),
-    ("PP x EP 2 x 2 (MoE)", 4, ("--pp", "2", "--ep", "2", "--experts", "4")),
+    ("FSDP x TP 2 x 2 (GQA)", 4, ("--dp-shard", "2", "--tp", "2", "--kv-heads", "2")),
+    ("EP 2 (MoE)", 2, ("--ep", "2", *MOE)),
+    ("EP 2 (MoE, top-2)", 2, ("--ep", "2", *TOP2)),
+    ("DDP x EP 2 x 2 (MoE, top-2)", 4, ("--dp-replicate", "2", "--ep", "2", *TOP2)),
+    ("EP x FSDP 2 x 2 (MoE)", 4, ("--dp-shard", "2", "--ep", "2", *MOE)),
+    ("CP x EP 2 x 2 (MoE, top-2)", 4, ("--cp", "2", "--ep", "2", *TOP2)),
+    ("PP x EP 2 x 2 (MoE)", 4, ("--pp", "2", "--ep", "2", *MOE)),
 )
 #: the 16-rank 4-D layout: a slow test of its own (``make test-slow``)
 FOUR_D = ("PP x FSDP x TP x CP 2 x 2 x 2 x 2", 16,
@@ -118,10 +123,14 @@ def compare(reference: LayoutRun, other: LayoutRun) -> tuple[float, float]:
 
 
 def model_options(options: tuple[str, ...]) -> tuple[str, ...]:
-    """The options that change the model, not its layout (``--experts 4``)."""
+    """The options that change the model, not its layout (``--experts 4``, ``--renormalize``)."""
     axes = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--ep", "--tp"}
-    pairs = zip(options[::2], options[1::2])
-    return tuple(x for pair in pairs if pair[0] not in axes for x in pair)
+    kept, skip = [], False
+    for option in options:
+        if not skip and option not in axes:
+            kept.append(option)
+        skip = option in axes  # an axis and its degree
+    return tuple(kept)
 
 
 def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=None,

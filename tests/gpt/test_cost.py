@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from ddpguide.gpt.cost import (
-    COST_LAYOUTS,
     KINDS,
     MEMORY,
     compare,
@@ -29,7 +28,7 @@ from tests.programs.report_support import assert_report_agrees
 OWN_CASES = [("TP x CP 2 x 2, checkpointed", 4, ("--tp", "2", "--cp", "2", "--checkpoint-activations")),
              ("HSDP 2 x 2, 2 accumulations", 4, ("--dp-replicate", "2", "--dp-shard", "2",
                                                   "--accumulate", "2"))]
-TABLE_CASES = [name for name, _, _ in COST_LAYOUTS[1:]]
+TABLE_CASES = [name for name, _, _ in LAYOUTS[1:]]
 
 
 def check_counted_bytes(result: dict, options: tuple[str, ...]) -> None:
@@ -41,6 +40,8 @@ def check_counted_bytes(result: dict, options: tuple[str, ...]) -> None:
     assert sum(v["counted"] for v in found["bytes"].values()) > 0
     routed = "--ep" in options  # a rank's expert rows depend on the routing: all ranks together
     for part in MEMORY:
+        if routed and "--pp" in options and part == "activations":
+            continue  # a stage's peak over micro-batches routed unevenly: above any mean
         ratio = found["memory_mean" if routed and part == "activations" else "memory"][part]
         assert 0.9 <= ratio <= 1.1, (part, found["memory"], found["memory_mean"])
 
@@ -60,6 +61,11 @@ def test_counted_bytes_equal_predicted_on_the_table_s_layouts(table, name):
 def test_counted_bytes_equal_predicted(name, ranks, options, tmp_path):
     result, _ = measure(options, ranks, workdir=tmp_path)
     check_counted_bytes(result, options)
+    if "--accumulate" in options:
+        # FSDP2's 3 groups (2 blocks and the root) are gathered in each of the 2 micro-steps,
+        # forward and backward, but reduce-scattered (and all-reduced over the replicas) once
+        calls = result["calls"][0]
+        assert calls["all_gather/2"][0] == 2 * 2 * 3 and calls["reduce_scatter/2"][0] == 3, calls
 
 
 @pytest.mark.multiprocess

@@ -28,6 +28,12 @@ def refused(tmp_path, *args, world=None):
     (("--ep", "2"), 2, "--ep 2 needs experts (--experts)"),
     (("--dp-shard", "3"), 3, "--batch 8 does not split into 3 data-parallel ranks x 1 micro-batches"),
     (("--dim", "30", "--heads", "4"), None, "--dim 30: must split into 4 heads of an even width"),
+    (("--kv-heads", "3"), None, "--kv-heads 3: must divide the 4 heads"),
+    (("--bf16", "--dtype", "float64"), None,
+     "--bf16 with --dtype float64: the parameters bfloat16 is cast from are float32"),
+    (("--tp", "2", "--kv-heads", "1"), 2, "--tp 2 does not divide the 1 key/value heads"),
+    (("--cp", "4", "--seq", "36"), 4, "--cp 4: the zig-zag split needs 2 x 4 chunks of equal length, "
+                                      "not of a sequence of 36 tokens"),
     (("--steps", "0"), None, "--steps 0: must be at least 1"),
 ])
 @pytest.mark.multiprocess

@@ -1,12 +1,14 @@
 """Chapter 14, what a real run needs: gradient accumulation and clipping of the global
 norm against one process, activation checkpointing and torch.compile (inductor, CPU)
-against eager, bf16 autocast against float32."""
+against eager, bf16 mixed precision (FSDP2's policy) against float32."""
 
 from __future__ import annotations
 
 import pytest
 
+from ddpguide.gpt.cost import parse
 from ddpguide.gpt.layouts import check_options, compare, launch
+from tests.gpt.test_cost import check_counted_bytes
 
 TOLERANCE = 1e-10
 
@@ -57,10 +59,19 @@ def test_compiled_blocks_equal_eager(tmp_path, one, ranks, layout):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(600)
-def test_bf16_autocast_follows_float32_on_a_real_run(tmp_path):
-    """The default model in float32, 10 steps: bf16 autocast within 0.01 of every loss."""
-    real = ("--steps", "10")
-    float32 = launch((), 1, tmp_path / "float32", extra=real)
-    bf16 = launch((), 1, tmp_path / "bf16", extra=(*real, "--bf16"))
+def test_bf16_mixed_precision_follows_float32_and_halves_the_gathers(tmp_path):
+    """FSDP2 on 2 ranks, the default model, 10 steps, float32 and --bf16 (FSDP2's
+    MixedPrecisionPolicy), both with --cost: every loss within 0.01 (not equal: bfloat16
+    did run); the all-gathers put in half the bytes (parameters gathered in bfloat16), the
+    reduce-scatters the same (gradients reduced in float32); counted = predicted for both."""
+    real = ("--steps", "10", "--cost")
+    float32 = launch(("--dp-shard", "2"), 2, tmp_path / "float32", extra=real)
+    bf16 = launch(("--dp-shard", "2"), 2, tmp_path / "bf16", extra=(*real, "--bf16"))
     gap = max(abs(a - b) for a, b in zip(float32.losses, bf16.losses))
-    assert 0 < gap <= 0.01, gap  # not identical: autocast did run in bfloat16
+    assert 0 < gap <= 0.01, gap
+    full, half = parse(float32.run), parse(bf16.run)
+    for cost in (full, half):
+        check_counted_bytes(cost, ("--dp-shard", "2"))
+    for a, b in zip(full["counted"], half["counted"]):
+        assert b["all_gather"] * 2 == a["all_gather"] > 0, (a, b)
+        assert b["reduce_scatter"] == a["reduce_scatter"] > 0, (a, b)

@@ -39,7 +39,7 @@ def test_pipeline_schedules_times_each_stage_call_between_two_synchronisations(m
 
 
 def test_the_capstone_measures_its_matmul_rate_on_the_run_s_device(monkeypatch):
-    cost = load("gpt/cost.py")
+    cost = load("gpt/cost_meter.py")
     asked, synced = [], []
     real_randn = torch.randn
 

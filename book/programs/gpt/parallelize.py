@@ -18,7 +18,6 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
-    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -58,11 +57,16 @@ def problems(layout: Layout, config, world: int, microbatches: int, batch: int):
         found.append(f"the layout {layout.name()} needs {layout.world} ranks, not {world}")
     if config.heads % layout.tp:
         found.append(f"--tp {layout.tp} does not divide the {config.heads} heads")
+    elif (config.kv_heads or config.heads) % layout.tp:
+        found.append(f"--tp {layout.tp} does not divide the {config.kv_heads} key/value heads")
     if config.layers % layout.pp:
         found.append(f"--pp {layout.pp} does not divide the {config.layers} layers")
     if config.seq % (layout.cp * layout.tp):
         found.append(f"--cp {layout.cp} x --tp {layout.tp} does not divide the sequence "
                      f"of {config.seq} tokens")
+    elif layout.cp > 1 and config.seq % (2 * layout.cp):
+        found.append(f"--cp {layout.cp}: the zig-zag split needs 2 x {layout.cp} chunks of "
+                     f"equal length, not of a sequence of {config.seq} tokens")
     if layout.ep > 1 and not config.experts:
         found.append(f"--ep {layout.ep} needs experts (--experts)")
     if config.experts and config.experts % layout.ep:
@@ -75,21 +79,54 @@ def problems(layout: Layout, config, world: int, microbatches: int, batch: int):
     return found
 
 
-def build_mesh(layout: Layout, device_type: str):
-    """The meshes by name: the six axes (size-1 ones too) and the flattened ones FSDP uses."""
-    world = init_device_mesh(device_type, [getattr(layout, a) for a in AXES], mesh_dim_names=AXES)
+def group_options(timeout):
+    """Options that give a new process group this timeout. DeviceMesh creates one group per
+    dimension and passes no timeout of its own: without them every group would get c10d's
+    default (30 minutes on gloo, 10 on nccl), not the job's."""
+    if dist.get_backend() == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return dist.ProcessGroupGloo.Options("gloo", timeout)
+
+
+def build_mesh(layout: Layout, device_type: str, timeout):
+    """The meshes by name: the six axes (size-1 ones too) and the flattened ones FSDP uses,
+    every group with the job's timeout.
+
+    A size-1 axis still gets a process group of one rank, which this program never gives
+    a collective: torch 2.14.1 would leave it without one (backend_override "fake", as
+    torchtitan does) only after an import of its test helpers
+    (torch.testing._internal.distributed.fake_pg registers that backend).
+    """
+    options = group_options(timeout)
+    world = init_device_mesh(device_type, [getattr(layout, a) for a in AXES], mesh_dim_names=AXES,
+                             backend_override=dict.fromkeys(AXES, options))
     meshes = {axis: world[axis] for axis in AXES}
     meshes["world"] = world
-    meshes["fsdp"] = world["dp_shard", "cp", "ep"]._flatten("fsdp")  # the dense weights' shards
-    meshes["efsdp"] = world["dp_shard", "cp"]._flatten("efsdp")  # experts' (ep splits them too)
-    meshes["loss"] = world["dp_replicate", "dp_shard", "cp", "ep"]._flatten("loss")  # averaged
+
+    def flat(axes, name):
+        return world[axes]._flatten(name, backend_override=options)
+
+    meshes["fsdp"] = flat(("dp_shard", "cp", "ep"), "fsdp")  # the dense weights' shards
+    meshes["efsdp"] = flat(("dp_shard", "cp"), "efsdp")  # experts' (ep splits them too)
+    meshes["loss"] = flat(("dp_replicate", "dp_shard", "cp", "ep"), "loss")  # averaged over
     if layout.dp_replicate > 1:  # HSDP: a 2-D mesh (replicas, shards) of the same ranks
         shards = layout.dp_shard * layout.cp * layout.ep
-        meshes["hsdp"] = meshes["loss"]._unflatten(0, (layout.dp_replicate, shards),
-                                                   ("replica", "shard"))
-        meshes["ehsdp"] = world["dp_replicate", "dp_shard", "cp"]._flatten("edp")._unflatten(
-            0, (layout.dp_replicate, layout.dp_shard * layout.cp), ("ereplica", "eshard"))
+        meshes["hsdp"] = meshes["loss"]._unflatten(
+            0, (layout.dp_replicate, shards), ("replica", "shard"),
+            backend_override=dict.fromkeys(("replica", "shard"), options))
+        meshes["ehsdp"] = flat(("dp_replicate", "dp_shard", "cp"), "edp")._unflatten(
+            0, (layout.dp_replicate, layout.dp_shard * layout.cp), ("ereplica", "eshard"),
+            backend_override=dict.fromkeys(("ereplica", "eshard"), options))
     return meshes
+
+
+def uses_fsdp(layout: Layout, bf16=False):
+    """FSDP2 where weights are sharded, where replicas meet TP or PP (HSDP), and with bf16;
+    DDP for replicas alone."""
+    sharded = layout.dp_shard * layout.cp * layout.ep > 1
+    return sharded or bf16 or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1))
 
 
 def pipeline_stage(model, layout: Layout, pp_rank: int):
@@ -128,9 +165,8 @@ def apply_tp(model, tp_mesh, sequence_parallel=True):
     plan = {name: style for name, style in top.items()
             if style is not None and getattr(model, name, None) is not None}
     parallelize_module(model, tp_mesh, plan)
-    if model.head is not None:  # the logits: vocabulary-sharded, then gathered
-        parallelize_module(model.head, tp_mesh, PrepareModuleOutput(
-            output_layouts=Shard(-1), desired_output_layouts=Replicate()))
+    # the logits stay vocabulary-sharded, a DTensor: train.py computes the loss under
+    # loss_parallel, which never gathers them (each rank holds 1/tp of them)
     for block in model.layers.values():
         plan = {
             "attn_norm": norm,
@@ -167,34 +203,49 @@ def apply_ac(model):
         model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_fsdp(model, mesh, layout: Layout, in_pipeline: bool):
-    """FSDP2 over every data-parallel rank (HSDP: replicated over dp_replicate)."""
-    from torch.distributed.fsdp import fully_shard
+def apply_fsdp(model, mesh, layout: Layout, in_pipeline: bool, bf16=False):
+    """FSDP2 over every data-parallel rank (HSDP: replicated over dp_replicate).
+
+    With bf16, FSDP2's mixed precision: each group's parameters are gathered in bfloat16
+    (half the bytes) and computed with, and the gradients reduced in float32 into the
+    float32 shards AdamW updates. The router keeps float32 (a group of its own).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dense = mesh["hsdp"] if layout.dp_replicate > 1 else mesh["fsdp"]
     reshard = not in_pipeline  # a pipeline runs each block once per micro-batch: keep it gathered
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
+                                  reduce_dtype=torch.float32 if bf16 else None)
     for block in model.layers.values():
         moe = getattr(block, "mlp", None)
+        if bf16 and hasattr(moe, "router"):
+            fully_shard(moe.router, mesh=dense, reshard_after_forward=reshard,
+                        mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
         if layout.ep > 1 and hasattr(moe, "experts"):
             experts = mesh["ehsdp"] if layout.dp_replicate > 1 else mesh["efsdp"]
-            fully_shard(moe.experts, mesh=experts, reshard_after_forward=reshard)
+            fully_shard(moe.experts, mesh=experts, reshard_after_forward=reshard, mp_policy=policy)
             # FSDP averages each expert's gradient over the ranks it reduces over, but the
             # all-to-all's backward has already summed it over the "ep" ranks: divide by ep
             # too. (Not set_gradient_divide_factor: on a mesh of one rank torch 2.14 divides
             # float64 gradients twice by it, and on gloo float32 needs PREMUL_SUM.)
             moe.experts.set_all_reduce_hook(lambda grad, ep=layout.ep: grad.div_(ep))
-        fully_shard(block, mesh=dense, reshard_after_forward=reshard)
-    fully_shard(model, mesh=dense, reshard_after_forward=reshard)
+        fully_shard(block, mesh=dense, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dense, reshard_after_forward=reshard, mp_policy=policy)
 
 
-def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=False):
-    """This rank's part of the model on the layout (before any optimizer is built)."""
+def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=False, bf16=False):
+    """This rank's part of the model on the layout (before any optimizer is built).
+
+    With bf16, FSDP2 holds the parameters on every layout (on a mesh of one rank it shards
+    nothing, but it casts them)."""
     stage = pipeline_stage(model, layout, mesh["pp"].get_local_rank()).to(device)
     if layout.tp > 1:
         apply_tp(stage, mesh["tp"])
     if layout.cp > 1:
         for block in stage.layers.values():
             block.attn.cp_group = mesh["cp"].get_group()
+            if hasattr(block.mlp, "experts"):  # the load-balancing loss counts whole sequences
+                block.mlp.cp_group = mesh["cp"].get_group()
     if layout.ep > 1:
         apply_ep(stage, mesh["ep"])
     if checkpoint:
@@ -202,16 +253,15 @@ def parallelize(model, layout: Layout, mesh, device, checkpoint=False, compile=F
     if compile:
         for name, block in list(stage.layers.items()):
             stage.layers[name] = torch.compile(block)
-    sharded = layout.dp_shard * layout.cp * layout.ep > 1
-    if sharded or (layout.dp_replicate > 1 and (layout.tp > 1 or layout.pp > 1)):
-        apply_fsdp(stage, mesh, layout, in_pipeline=layout.pp > 1)
+    if uses_fsdp(layout, bf16):
+        apply_fsdp(stage, mesh, layout, in_pipeline=layout.pp > 1, bf16=bf16)
     elif layout.dp_replicate > 1:
         stage = torch.nn.parallel.DistributedDataParallel(
             stage, process_group=mesh["dp_replicate"].get_group())
     return stage
 
 
-def tie_groups(mesh, layout: Layout):
+def tie_groups(mesh, layout: Layout, timeout):
     """For each pipeline, the group of its first and last stage (which both hold the embedding)."""
     if layout.pp == 1:
         return None
@@ -219,7 +269,7 @@ def tie_groups(mesh, layout: Layout):
     rows = mesh["world"].mesh.reshape(layout.pp, -1).t().tolist()  # one row per pipeline: its pp ranks
     mine = None
     for row in rows:  # every rank creates every group, in the same order
-        group = dist.new_group([row[0], row[-1]])
+        group = dist.new_group([row[0], row[-1]], timeout=timeout)
         if me in (row[0], row[-1]):
             mine = group
     return mine
@@ -235,3 +285,15 @@ def tie_gradients(stage, group):
         # under TP the lookup's gradient comes back replicated: take this rank's rows of it
         grad = weight.grad = grad.redistribute(weight.device_mesh, weight.placements)
     dist.all_reduce(grad.to_local() if hasattr(grad, "to_local") else grad, group=group)
+
+
+def sum_partial_gradients(stage):
+    """Sequence parallelism leaves the norms' gradients as partial sums over "tp" (each rank
+    saw its part of the sequence). FSDP2 sums them before it reduce-scatters; without FSDP
+    they are summed here, once (DTensor would otherwise sum them again inside every
+    operation of the optimizer that reads them)."""
+    for p in stage.parameters():
+        grad = p.grad
+        if grad is not None and any(pl.is_partial() for pl in getattr(grad, "placements", ())):
+            p.grad = grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                                   for pl in grad.placements])

@@ -10,10 +10,12 @@ The text is bytes of the Python standard library's own sources (--text names ano
 Every option is checked before a process group exists: a bad one gets one line, exit 2.
 With --report FILE rank 0 writes the run as JSON at the end: "losses", "first_step",
 "seconds", "layout", "checks" (none: this program prints no check) and, with --cost,
-"cost" (the prediction of cost.py for every rank, and what every rank counted and measured).
+"cost" (the prediction of cost_model.py for every rank, and what every rank counted and
+measured with cost_meter.py).
 """
 
 import argparse
+import contextlib
 import datetime
 import glob
 import json
@@ -22,19 +24,25 @@ import os
 import sys
 import sysconfig
 import time
-import warnings
 from dataclasses import asdict
 
-import cost
 import torch
 import torch.distributed as dist
-from model import GPT, Config, loss_of
-from parallelize import Layout, build_mesh, parallelize, problems, tie_gradients, tie_groups
+from cost_meter import Meter
+from cost_model import predict
+from model import GPT, Config, MoE, loss_of, zigzag
+from parallelize import (
+    Layout,
+    build_mesh,
+    parallelize,
+    problems,
+    sum_partial_gradients,
+    tie_gradients,
+    tie_groups,
+)
+from torch.distributed.tensor.parallel import loss_parallel
 
 TIMEOUT = datetime.timedelta(seconds=120)
-# FSDP2 warns when a model returns a view (an in-place op on it would skip a hook): the
-# logits under tensor parallelism are one, and nothing here changes them in place
-warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 # DTensor logs a warning when a weight sharded over two axes (FSDP x TP) is gathered whole
 # in two all-gathers: full_parameters does that once, at the end, for the comparison
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -64,15 +72,23 @@ def parse_args(argv=None):
     defaults = Config()
     for name in ("dim", "heads", "layers", "seq", "ffn", "experts", "top_k"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
+    p.add_argument("--kv-heads", type=int, default=0, help="key/value heads, grouped-query "
+                   "attention (default: as many as --heads)")
+    p.add_argument("--renormalize", action="store_true", help="divide a token's top-k gates by "
+                   "their sum")
+    p.add_argument("--aux-loss", type=float, default=defaults.aux_loss, help="weight of the "
+                   f"experts' load-balancing loss (default {defaults.aux_loss}; 0: none)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step, all ranks together")
     p.add_argument("--microbatches", type=int, default=0, help="pipeline micro-batches (default 2 x pp)")
     p.add_argument("--schedule", choices=("1F1B", "GPipe"), default="1F1B")
-    p.add_argument("--accumulate", type=int, default=1, help="gradient-accumulation steps per step")
+    p.add_argument("--accumulate", type=int, default=1, help="gradient-accumulation steps per step (the "
+                   "gradients are reduced after the last; under --pp: more micro-batches)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps in all")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--clip", type=float, default=1.0, help="clip the global gradient norm (0: off)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--bf16", action="store_true", help="autocast the forward to bfloat16")
+    p.add_argument("--bf16", action="store_true", help="FSDP2's mixed precision: parameters "
+                   "gathered and used in bfloat16, gradients reduced in float32")
     p.add_argument("--checkpoint-activations", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--seed", type=int, default=0)
@@ -87,7 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
-                   "bytes, memory and FLOPs of a step (see cost.py)")
+                   "bytes, memory and FLOPs of a step (cost_model.py, cost_meter.py)")
     p.add_argument("--report", help="write the losses (and the cost) here as JSON at the end")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -101,18 +117,24 @@ def parse_args(argv=None):
     else:
         fail(f"--dp-shard {args.dp_shard}: a number, or auto")
     layout = Layout(args.pp, args.dp_replicate, args.dp_shard, args.cp, args.ep, args.tp)
-    config = Config(vocab=256, dim=args.dim, heads=args.heads, layers=args.layers, seq=args.seq,
-                    ffn=args.ffn, experts=args.experts, top_k=args.top_k)
+    config = Config(vocab=256, dim=args.dim, heads=args.heads, kv_heads=args.kv_heads or args.heads,
+                    layers=args.layers, seq=args.seq, ffn=args.ffn, experts=args.experts,
+                    top_k=args.top_k, renormalize=args.renormalize, aux_loss=args.aux_loss)
     for name in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp", "dim", "heads", "layers",
                  "seq", "ffn", "batch", "accumulate", "steps"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    if args.microbatches < 0 or args.save_every < 0 or args.sample < 0 or args.log_every < 0 or args.clip < 0:
-        fail("--microbatches, --save-every, --sample, --log-every and --clip: must not be negative")
+    if min(args.microbatches, args.save_every, args.sample, args.log_every, args.clip, args.aux_loss) < 0:
+        fail("--microbatches, --save-every, --sample, --log-every, --clip and --aux-loss: must not "
+             "be negative")
+    if args.bf16 and args.dtype != "float32":
+        fail(f"--bf16 with --dtype {args.dtype}: the parameters bfloat16 is cast from are float32")
     if not args.lr > 0:
         fail(f"--lr {args.lr}: must be greater than 0")
     if args.dim % args.heads or (args.dim // args.heads) % 2:
         fail(f"--dim {args.dim}: must split into {args.heads} heads of an even width")
+    if args.kv_heads < 0 or args.kv_heads and args.heads % args.kv_heads:
+        fail(f"--kv-heads {args.kv_heads}: must divide the {args.heads} heads")
     if args.experts and not 1 <= args.top_k <= args.experts:
         fail(f"--top-k {args.top_k}: between 1 and --experts {args.experts}")
     args.microbatches = args.microbatches or 2 * layout.pp
@@ -228,38 +250,57 @@ def unwrap(name):
     return name
 
 
-def clip_grad_norm(stage, max_norm, layout):
-    """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout: each rank adds
-    the squares of its gradient shards, each divided by the number of ranks that hold the
-    same shard (replicas), and one all-reduce over every rank gives the squared norm."""
-    from torch.distributed.tensor import DTensor, Replicate
+def gradient_sync(stage, last):
+    """Reduce the gradients in this backward pass only if it is the step's last: before
+    it, FSDP2 and DDP add each micro-step's gradients up where they are (chapter 8)."""
+    if isinstance(stage, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext() if last else stage.no_sync()
+    if hasattr(stage, "set_requires_gradient_sync"):  # FSDP2 (HSDP: its all-reduce too)
+        stage.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
 
-    stage_ranks = layout.world // layout.pp
-    device = next(stage.parameters()).device
-    total = torch.zeros((), dtype=torch.float64, device=device)
+
+def clip_grad_norm(stage, max_norm, layout, mesh):
+    """torch.nn.utils.clip_grad_norm_ of the whole model, whatever the layout.
+
+    torch.nn.utils.get_total_norm adds up the gradients of one mesh: on DTensors (FSDP's
+    shards, TP's) it knows which mesh dimensions hold pieces and which hold copies, and
+    full_tensor() sums the pieces. Two sums it cannot see are done by hand: the experts
+    (each "ep" rank holds other experts, as plain tensors, on a mesh of their own) and the
+    pipeline stages (each holds other layers). The tied embedding is counted once, on
+    the first stage (the last holds the same gradient: tie_gradients).
+    """
+    from torch.distributed.tensor import DTensor
+
+    def squared_norm(params):
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return norm.double() ** 2
+
+    dense, experts = [], []  # torch computes on one mesh at a time: the experts have their own
     for name, p in stage.named_parameters():
-        if p.grad is None or (layout.pp > 1 and "tok_emb" in name and not inner(stage).embeds):
-            continue  # the tied embedding counts once, on the first stage
-        grad, copies = p.grad, stage_ranks
-        if isinstance(grad, DTensor):
-            if any(pl.is_partial() for pl in grad.placements):
-                grad = grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
-                                                     for pl in grad.placements])
-            copies //= grad.device_mesh.size()
-            for dim, placement in enumerate(grad.placements):
-                if placement.is_replicate():
-                    copies *= grad.device_mesh.size(dim)
-            grad = grad.to_local()
-        if ".experts." in name:
-            copies //= layout.ep  # the other ep ranks hold other experts, not copies
-        total += grad.double().pow(2).sum() / copies
-    dist.all_reduce(total)
-    norm = total.sqrt()
-    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-    for p in stage.parameters():
         if p.grad is not None:
-            p.grad.mul_(scale.to(p.grad.dtype))
+            (experts if layout.ep > 1 and ".experts." in name else dense).append(p)
+    tied_copy = layout.pp > 1 and inner(stage).outputs and not inner(stage).embeds
+    counted = [p for p in dense if not (tied_copy and p is inner(stage).tok_emb.weight)]
+    device = next(stage.parameters()).device
+    total = squared_norm(counted) if counted else torch.zeros((), dtype=torch.float64, device=device)
+    if experts:
+        expert_total = squared_norm(experts)
+        if layout.ep > 1:
+            dist.all_reduce(expert_total, group=mesh["ep"].get_group())
+        total = total + expert_total
+    if layout.pp > 1:
+        dist.all_reduce(total, group=mesh["pp"].get_group())
+    norm = total.sqrt()
+    for params in (dense, experts):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm.item()
+
+
+def whole(t):
+    """A plain tensor: a DTensor's full value (the loss under loss_parallel is replicated)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def inner(stage):
@@ -318,17 +359,23 @@ def main():
     if "RANK" in os.environ:
         dist.init_process_group(backend, timeout=TIMEOUT)
     else:  # python train.py: a group of one, so that every path is the same
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    mesh = build_mesh(layout, device.type)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=TIMEOUT)
+    mesh = build_mesh(layout, device.type, TIMEOUT)
     rank = dist.get_rank()
     torch.manual_seed(args.seed)  # the same whole model on every rank, then each keeps its part
     model = GPT(config)
-    stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile)
+    stage = parallelize(model, layout, mesh, device, args.checkpoint_activations, args.compile,
+                        args.bf16)
     part = inner(stage)
+    for module in stage.modules():  # the load-balancing loss, as a share of the step's loss
+        if isinstance(module, MoE):  # (a mean over the step's sequences, averaged like it)
+            module.aux_scale = config.aux_loss * layout.cp / (args.batch * args.accumulate
+                                                              // layout.data_parallel)
     optimizer = torch.optim.AdamW(stage.parameters(), lr=args.lr, weight_decay=0.1)
     first = load(args.load, stage, optimizer) if args.load else 0
     history = read_meta(args.load)["losses"] if args.load else []  # the steps before this run
-    tie = tie_groups(mesh, layout)
+    tie = tie_groups(mesh, layout, TIMEOUT)
     pp_rank = mesh["pp"].get_local_rank()
     # the rows of this rank's samples: its place among the data-parallel ranks, whose
     # coordinates are (dp_replicate, dp_shard, ep); the cp ranks of one place share the rows
@@ -336,42 +383,51 @@ def main():
                 + mesh["dp_shard"].get_local_rank()) * layout.ep + mesh["ep"].get_local_rank())
     cp_rank = mesh["cp"].get_local_rank()
     rows = args.batch // layout.data_parallel
-    cols = config.seq // layout.cp
+    # the tokens of this rank's samples: two chunks of each under context parallelism
+    cols = zigzag(cp_rank, layout.cp, config.seq) if layout.cp > 1 else torch.arange(config.seq)
+    # under TP the logits are split by vocabulary over the tp ranks: loss_parallel computes
+    # the cross-entropy (and its backward) from the pieces, with no rank holding them all
+    parallel_loss = loss_parallel if layout.tp > 1 else contextlib.nullcontext
     schedule = None
     if layout.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        scale = args.microbatches * args.accumulate  # the loss of a micro-batch, as a share
+        scale = args.microbatches * args.accumulate  # micro-batches a step; a loss's share
         pipe = PipelineStage(stage, pp_rank, layout.pp, device, group=mesh["pp"].get_group())
         cls = Schedule1F1B if args.schedule == "1F1B" else ScheduleGPipe
-        schedule = cls(pipe, args.microbatches, loss_fn=lambda out, y: loss_of(out, y) / scale,
+        schedule = cls(pipe, scale, loss_fn=lambda out, y: loss_of(out, y) / scale,
                        scale_grads=False)
     data = text_bytes(args.text)
     losses = []
     started = time.perf_counter()
-    meter = cost.Meter(config, layout, args, stage, optimizer, enabled=args.cost)
+    meter = Meter(config, layout, args, stage, optimizer, predict(config, layout, args) if args.cost else None,
+                  enabled=args.cost)
     for step in range(first, args.steps):
         meter.begin(step)
         x_all, y_all = batch_of(data, step, args, config.seq)
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for a in range(args.accumulate):
-            sl = slice((a * layout.data_parallel + dp_rank) * rows,
-                       (a * layout.data_parallel + dp_rank + 1) * rows)
-            x = x_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
-            y = y_all[sl, cp_rank * cols:(cp_rank + 1) * cols].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                if schedule is None:
-                    loss = loss_of(stage(x), y) / args.accumulate
-                    loss.backward()
-                    total += loss.detach().double()
-                else:
-                    parts = []
-                    schedule.step(x if part.embeds else None, target=y if part.outputs else None,
-                                  losses=parts)
-                    if part.outputs:
-                        total += torch.stack(parts).sum().detach().double()
+        # this rank's rows of each accumulation step, and its chunk of their tokens
+        mine = [slice((a * layout.data_parallel + dp_rank) * rows,
+                      (a * layout.data_parallel + dp_rank + 1) * rows) for a in range(args.accumulate)]
+        xs = [x_all[r][:, cols].to(device) for r in mine]
+        ys = [y_all[r][:, cols].to(device) for r in mine]
+        with parallel_loss():
+            if schedule is None:
+                for a, (x, y) in enumerate(zip(xs, ys)):
+                    with gradient_sync(stage, last=a == args.accumulate - 1):
+                        loss = loss_of(stage(x), y) / args.accumulate
+                        loss.backward()
+                    total += whole(loss.detach()).double()
+            else:  # the accumulation steps are more micro-batches of one schedule, which
+                # reduces the gradients once, after the last
+                parts = []
+                schedule.step(torch.cat(xs) if part.embeds else None,
+                              target=torch.cat(ys) if part.outputs else None, losses=parts)
+                if part.outputs:
+                    total += whole(torch.stack(parts).sum().detach()).double()
+        sum_partial_gradients(stage)
         tie_gradients(part, tie)
-        norm = clip_grad_norm(stage, args.clip, layout) if args.clip else None
+        norm = clip_grad_norm(stage, args.clip, layout, mesh) if args.clip else None
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(total, group=mesh["loss"].get_group())
