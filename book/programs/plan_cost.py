@@ -48,7 +48,10 @@ class Model:
     shared: int = 0  # always-on experts (DeepSeek style)
     gated: bool = False  # SwiGLU: three weights; else GELU: two
     tied: bool = True  # the head is the embedding's weight
-    mask: bool = True  # attention with an explicit (seq x seq) mask, full scores computed
+    mask: bool = False  # attention with an explicit (seq x seq) mask, full scores computed
+    # under CP, each chunk of queries keeps a boolean mask aligned at its last token (torch's
+    # CPU attention materialises causal_lower_right; the GPU kernels take it without one)
+    cp_mask: bool = False
 
     @property
     def kv_dim(self):
@@ -78,8 +81,8 @@ class Layout:
     microbatches: int = 1
     schedule: str = "1F1B"  # 1F1B, GPipe, Interleaved1F1B (two stages a rank)
     ac: str = "none"  # none, selective, full
-    loss_parallel: bool = False  # logits stay split over tp (train.py gathers them)
-    accumulate: int = 1  # micro-steps a step without a pipeline, gradients synchronised once
+    loss_parallel: bool = True  # the logits stay split over tp (train.py's, torchtitan's loss)
+    accumulate: int = 1  # micro-steps a step, gradients synchronised once (a pipeline: more micro-batches)
     zero: int = 0  # 1: AdamW's state split over the dp_replicate ranks (ZeRO-1), weights gathered after
 
     @property
@@ -89,6 +92,12 @@ class Layout:
     @property
     def data_parallel(self):
         return self.dp_replicate * self.dp_shard * self.ep
+
+    @property
+    def passes(self):
+        """Forward and backward passes a rank makes in a step: the schedule's micro-batches
+        (each accumulation step's, in one schedule) or the accumulation steps."""
+        return self.microbatches * self.accumulate if self.pp > 1 else self.accumulate
 
 
 @dataclass
@@ -177,48 +186,72 @@ def stage_parameters(m, lay, stage):
 
 
 def in_flight(lay, stage):
-    """Micro-batches whose activations a stage holds at once."""
+    """Micro-batches whose activations a stage holds at once (of the schedule's lay.passes)."""
     if lay.pp == 1:
         return 1
     if lay.schedule == "GPipe":
-        return lay.microbatches
+        return lay.passes
     if lay.schedule == "Interleaved1F1B":  # warm-up of two chunks, each half a stage
-        return min(lay.microbatches, (lay.pp + 2 * (lay.pp - 1 - stage) + 1) / 2)
-    return min(lay.microbatches, lay.pp - stage)
+        return min(lay.passes, (lay.pp + 2 * (lay.pp - 1 - stage) + 1) / 2)
+    return min(lay.passes, lay.pp - stage)
 
 
-def activations(m, lay, pol, rows, seq, stage):
+def activations(m, lay, pol, rows, seq, stage, cp_rank=1):
     """Bytes autograd keeps for one micro-batch on one stage (rows sequences of seq tokens
-    on this rank). Per block, in units of the rank's residual stream x = rows x seq x dim:
-    each RMSNorm keeps its input and its normalised output (x / tp each under sequence
-    parallelism) and the next linear its gathered input (x); attention keeps q, its
-    output and wo's input (x / tp each) and k, v (gathered over cp); the MLP its hidden
-    activations (2 a GELU, 4 a SwiGLU, of ffn / dim x each); small per-token statistics,
-    rotary tables and the mask. Full checkpointing keeps each block's input only."""
+    on this rank, which is cp_rank on the cp axis). Per block, in units of the rank's
+    residual stream x = rows x seq x dim, t = tp:
+    - each RMSNorm keeps its input and its normalised input (x / t each under sequence
+      parallelism; eager, in float32 at least, as torch's rms_norm upcasts; fused, its input
+      only) and the next linear its gathered input (x);
+    - attention keeps q, its output and wo's input (x / t each; with one head a rank and no
+      CP, that input is a view of the output), and k and v (kv_heads / heads of x / t each,
+      every cp rank's: gathered);
+    - the MLP keeps its hidden activations (2 a GELU, 4 a SwiGLU, of ffn / dim x / t each);
+      a mixture of experts its routed rows (below);
+    - per-token statistics (the norms' rstd, attention's log-sum-exp: float32 at least) and
+      the rotary tables. A causal kernel keeps no mask: m.mask keeps a seq x seq one;
+      m.cp_mask a boolean one for each of a cp rank's two chunks of queries (zig-zag:
+      chunks cp_rank and 2 cp - 1 - cp_rank) that does not end on the diagonal.
+    Full checkpointing keeps each block's input only. The ends: the token ids; the final
+    norm and the log-softmax of the logits, float32 at least (1/t of them under
+    loss_parallel, which never gathers them)."""
     t, cp, B = lay.tp, lay.cp, pol.compute
+    F = max(B, 4)  # bytes of what is computed in float32 at least
     x = rows * seq * m.dim
     kv = rows * seq * m.kv_dim * cp
-    norm = 2 * x // t + x
-    small = (2 * rows * seq // t + rows * m.heads // t * seq
-             + 4 * seq * m.dim // m.heads // 2 + (seq * seq * cp if m.mask else 0))
-    hidden = (4 if m.gated else 2) * rows * seq * m.ffn // t
-    per_block = 2 * norm + 3 * x // t + 2 * kv // t + small
+    norm = (x // t * B if pol.fused else 2 * x // t * F) + x * B
+    stats = 2 * rows * seq // t + rows * m.heads // t * seq
+    rotary = 4 * seq * m.dim // m.heads // 2  # cos and sin, of q and of k
+    # q, the output, and wo's input: its (heads, tokens) transposed copy, or CP's two chunks joined
+    heads = 3 if m.heads // t > 1 or cp > 1 else 2
+    per_block = 2 * norm + (heads * x // t + 2 * kv // t + rotary) * B + stats * F
+    if m.mask:
+        per_block += seq * seq * cp * B
+    elif m.cp_mask and cp > 1:  # chunk c ends at (c + 1) x chunk; chunk 0 is on the diagonal
+        chunk = seq // 2
+        per_block += chunk * chunk * (2 * cp + 1 - (cp_rank == 0))
+    hidden = (4 if m.gated else 2) * rows * seq * m.ffn // t * B
     if m.experts:
+        # the routed rows in, each expert's hidden activations, its rows out and the gated rows
+        # index_add keeps, and the gates; the router's probabilities (float32 at least, its
+        # input too), three int64 indices of the choices, and the load-balancing loss's two
+        # (sequences x experts) terms
         routed = rows * seq * m.top_k
-        per_block += routed * (2 * m.dim + (4 if m.gated else 2) * m.ffn)
-        per_block += rows * seq * (m.experts + 4 * m.top_k) + m.shared * hidden
+        per_block += routed * (3 * m.dim + (4 if m.gated else 2) * m.ffn + 1) * B + x * (F - B)
+        per_block += rows * seq * m.experts * F + 3 * routed * 8 + 2 * rows * m.experts * F
+        per_block += m.shared * hidden
     else:
         per_block += hidden
     if lay.ac == "full":
-        per_block = x // t
+        per_block = x // t * B
     elif lay.ac == "selective":  # every other block recomputed (torchtitan's layer option)
-        per_block = (per_block + x // t) / 2
-    total = -(-m.layers // lay.pp) * per_block * B
+        per_block = (per_block + x // t * B) / 2
+    total = -(-m.layers // lay.pp) * per_block
     if stage == 0:
         total += rows * seq * 8  # the token ids
-    if stage == lay.pp - 1:
+    if stage == lay.pp - 1:  # the final norm and its rstd, the log-softmax, the loss
         vocab = m.vocab // t if lay.loss_parallel else m.vocab
-        total += (norm + rows * seq * vocab + 1) * B + rows * seq * vocab * 4 * (B < 4)
+        total += norm + rows * seq // t * F + (rows * seq * vocab + 1) * F
     return total
 
 
@@ -238,8 +271,8 @@ def memory(m, lay, pol, batch, seq, rank=0):
         count += 1
     per = -(-m.layers // lay.pp)  # the busiest stage's blocks
     whole_block = (whole - (m.vocab // lay.tp * m.dim) * (1 + (not m.tied and stage == lay.pp - 1))) / per
-    rows = batch // lay.data_parallel // (lay.microbatches if lay.pp > 1 else lay.accumulate)
-    act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage)
+    rows = batch // lay.data_parallel // lay.passes
+    act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage, at["cp"])
     split = lay.dp_replicate if lay.zero and not fsdp_on(lay) else 1  # ZeRO-1
     out = {"parameters": params * pol.param, "gradients": params * pol.param,
            "optimizer": (2 * params / split + count) * pol.state,  # AdamW's two moments, a step counter each
@@ -342,21 +375,26 @@ def microbatch(m, lay, pol, hw, rows, seq, stage):
         hidden = tokens * m.top_k * h + m.shared * tokens * h // t
     else:
         parts += [linear(tokens, d, h // t, 1 + m.gated), linear(tokens, h // t, d)]
-    span = seq if m.mask else seq // 2  # keys a query meets: all of them with an explicit mask
+    # keys a query meets: all with an explicit mask, half under a causal kernel (zig-zag CP's
+    # two chunks a rank too); with m.cp_mask each chunk's scores are computed up to its end,
+    # masked: (2 cp + 1) / (4 cp) of the keys
+    span = seq if m.mask else seq * (2 * cp + 1) / (4 * cp) if m.cp_mask and cp > 1 else seq / 2
     scores = 4 * rows * (m.heads // t) * (seq // cp) * span * hd
     rate = hw.attention or matmul_rate(hw, seq // cp, hd, span)
     parts.append((scores / rate, 2.5 * scores / (hw.attention_backward or rate)))
     # element-wise, forward, in bytes: per block two norms and two residual adds on the
     # (sequence-parallel) stream x, rotary on q and k, the activation (GELU reads and writes
     # hidden once, SwiGLU's silu and product 2.5 times), attention's layout copies of q, k, v
-    # and its output. Eager, a norm is four float32 kernels (and two casts), rotary four float32
-    # kernels; fused, each chain reads its inputs and writes its output once.
+    # and its output; under CP the gathered keys and values put in sequence order. Eager, a norm
+    # is four float32 kernels (and two casts), rotary four float32 kernels; fused, each chain
+    # reads its inputs and writes its output once.
     x, q, kv, f32 = tokens * d // t, tokens * d // t, tokens * m.kv_dim // t, 4
     act = (2.5 if m.gated else 1.0) * 2 * B * hidden
     if pol.fused:
         moved = 2 * 2 * B * x + 2 * B * (q + kv) + act + 2 * B * (q + 2 * kv + x)
     else:
         moved = 2 * (8 * f32 + 2 * B) * x + 8 * f32 * (q + kv) + 2 * 3 * B * x + act + 2 * B * (q + 2 * kv + x)
+    moved += 2 * B * 2 * cp * kv * (cp > 1)
     ops = 15 + 10 * (t > 1) + 4 * (cp > 1) + 8 * bool(m.experts)
     parts.append((moved / hw.bandwidth + ops * hw.op_seconds, 2 * (moved / hw.bandwidth + ops * hw.op_seconds)))
     if t > 1:  # tensor-parallel modules a block: its linears, two norms, two input redistributions
@@ -372,10 +410,16 @@ def microbatch(m, lay, pol, hw, rows, seq, stage):
         backward += head[1] + logits + 20 * hw.op_seconds
     # blocking collectives: TP (sequence parallel) gathers the stream before attention and the
     # MLP and reduce-scatters after them, the backward the other way round; CP gathers keys
-    # and values and reduce-scatters their gradients; EP sends rows to their experts and back.
-    # Between two calls the ranks compute (all of them at once: at cores / ranks of full speed).
+    # and values and reduce-scatters their gradients; EP sends its counts (int64), then rows to
+    # their experts and back; under CP a mixture's balancing loss sums each sequence's choices
+    # (int64, sequences x experts); loss_parallel all-reduces three numbers a token (the largest
+    # logit, the sum of exponentials, the target's logit; float32 at least). Between two calls
+    # the ranks compute (all of them at once: at cores / ranks of full speed).
     x_bytes, kv_bytes = tokens * d * B, rows * seq * m.kv_dim // t * B
-    calls = per * (4 * (t > 1) + 2 * (cp > 1) + 2 * (lay.ep > 1)) + 3 * (t > 1)
+    last = stage == lay.pp - 1
+    split_loss = lay.loss_parallel and t > 1 and last
+    calls = (per * (4 * (t > 1) + 2 * (cp > 1) + 3 * (lay.ep > 1) + (cp > 1 and m.experts > 0))
+             + 3 * (t > 1) + 3 * split_loss)
     slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0
     gf, gb = forward * slow / max(1, calls), backward * slow / max(1, calls)
 
@@ -387,13 +431,16 @@ def microbatch(m, lay, pol, hw, rows, seq, stage):
            + collective(hw, lay, "reduce_scatter", kv_bytes, ("cp",), 2 * per, gap=gb))
     if m.experts:
         sent = tokens * m.top_k * d * B
-        fwd += collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gf)
+        fwd += (collective(hw, lay, "all_to_all", m.experts * 8, ("ep",), per, gap=gf)
+                + collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gf)
+                + collective(hw, lay, "all_reduce", rows * m.experts * 8, ("cp",), per, gap=gf))
         bwd += collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gb)
     if stage == 0:  # the embedding: its output reduce-scattered over tp, the gradient gathered
         fwd += tp("reduce_scatter", 1, gf)
         bwd += tp("all_gather", 1, gb)
-    if stage == lay.pp - 1:  # the head's input gathered; the vocabulary-sharded logits gathered whole
-        fwd += tp("all_gather", 1, gf) + (0.0 if lay.loss_parallel else tp("all_gather", 1, gf, tokens * m.vocab * B))
+    if last:  # the head's input gathered; the vocabulary-sharded logits kept split, or gathered whole
+        fwd += tp("all_gather", 1, gf) + (tp("all_reduce", 3, gf, tokens * max(B, 4)) if split_loss
+                                          else tp("all_gather", 1, gf, tokens * m.vocab * B))
         bwd += tp("reduce_scatter", 1, gb)
     redo = {"none": 0.0, "selective": 0.5, "full": 1.0}[lay.ac]  # recomputed in the backward
     return {"forward": forward, "backward": backward + redo * forward, "forward_comm": fwd,
@@ -520,8 +567,10 @@ def step(m, lay, pol, hw, batch, seq):
     between stages, and ranks share hw.cores (simulate). The overlap rule: TP, CP and EP
     collectives block; FSDP's gathers and reductions run beside compute on their own streams
     (hw.streams, a GPU) and block otherwise (gloo: every call waits); DDP's bucket
-    all-reduces run beside the backward where the link, not a core, is busy (hw.overlap)."""
-    mb = lay.microbatches if lay.pp > 1 else lay.accumulate
+    all-reduces run beside the backward where the link, not a core, is busy (hw.overlap).
+    Gradients are reduced once a step, after the last backward (accumulation steps add up
+    where they are; a pipeline runs them as more micro-batches of its one schedule)."""
+    mb = lay.passes
     rows = batch // lay.data_parallel // mb
     per = -(-m.layers // lay.pp)
     cost = [microbatch(m, lay, pol, hw, rows, seq, s) for s in range(lay.pp)]
@@ -558,7 +607,7 @@ def step(m, lay, pol, hw, batch, seq):
             plan.append(("wait", gather if hw.streams else ag, "data_parallel"))  # backward: nothing
             after = rs + ar + (max(0.0, ag - gather - busy) if hw.streams else 0.0)  # hides them
         elif fsdp_on(lay) and hw.streams:  # beside this stage's compute, but the first gather
-            after = max(0.0, ag + rs + ar - busy) + gather
+            after = max(0.0, mb * ag + rs + ar - busy) + gather
         sends = {up: collective(hw, lay, "send_recv", work["send"], ("pp",), ranks=2,
                                 gap=work["forward" if up else "backward"] * slow) for up in (True, False)}
         for kind, i in order(lay.schedule, lay.pp, s, mb):
@@ -585,14 +634,16 @@ def step(m, lay, pol, hw, batch, seq):
         out["data_parallel"] += ddp_exposed(hw, lay, pol, cost[0]["backward"] / speed, elems[0] * pol.reduce)
     if lay.zero and lay.dp_replicate > 1:  # each replica updated its share: the weights gathered again
         out["data_parallel"] += collective(hw, lay, "all_gather", max(elems) * pol.compute, ("dp_replicate",))
-    # after the schedule: the tied embedding's gradient summed over the first and last stage,
-    # the gradient norm (one all-reduce of every rank), the loss averaged (and sent across stages)
+    # after the schedule: the norms' gradients, partial sums over tp (each rank saw its part of
+    # the sequence), summed one by one; the tied embedding's gradient summed over the first
+    # and last stage; the gradient norm, the loss averaged (and sent across stages)
+    if lay.tp > 1:
+        sync += collective(hw, lay, "all_reduce", m.dim * pol.compute, ("tp",), 2 * per + 1)
     if lay.pp > 1 and m.tied:
         local = m.vocab // lay.tp * m.dim / (shard_n if fsdp_on(lay) else 1)
         sync += collective(hw, lay, "all_reduce", local * pol.reduce, ("pp",), ranks=2,
                            gap=cost[0]["backward"] * slow)
-    everyone = tuple(a for a in AXES if getattr(lay, a) > 1)
-    sync += collective(hw, lay, "all_reduce", 8, everyone)
+    sync += grad_norm(m, lay, pol, hw)
     sync += collective(hw, lay, "all_reduce", 8, ("dp_replicate", "dp_shard", "cp", "ep"))
     sync += collective(hw, lay, "all_reduce", 8, ("pp",))
     out["sync"] = sync
@@ -603,6 +654,23 @@ def step(m, lay, pol, hw, batch, seq):
     out["optimizer"] = optimizer / speed
     out["total"] = sum(out.values())
     return out
+
+
+def grad_norm(m, lay, pol, hw):
+    """Seconds of the gradient norm's all-reduces (torch.nn.utils.get_total_norm, as train.py
+    clips): one number a gradient tensor, over each mesh dimension that shards the gradients
+    (FSDP's, TP's; DDP's are whole: none); the experts' own under EP, and one number over ep;
+    one over pp."""
+    kinds = [kind for _, _, kind in stage_parameters(m, lay, lay.pp - 1)]
+    experts = kinds.count("expert") if lay.ep > 1 else 0
+    shards = lay.dp_shard * lay.cp * lay.ep > 1 and fsdp_on(lay)
+    out = collective(hw, lay, "all_reduce", (len(kinds) - experts) * pol.param, ("dp_shard", "cp", "ep"),
+                     calls=int(shards))
+    out += collective(hw, lay, "all_reduce", (len(kinds) - experts) * pol.param, ("tp",))
+    if experts:
+        out += collective(hw, lay, "all_reduce", experts * pol.param, ("dp_shard", "cp"), calls=int(fsdp_on(lay)))
+        out += collective(hw, lay, "all_reduce", 8, ("ep",))
+    return out + collective(hw, lay, "all_reduce", 8, ("pp",))
 
 
 def flops(m, batch, seq):
@@ -814,10 +882,12 @@ def main(argv=None):
         value = getattr(a, name)
         if value < 1:
             p.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
-    if m.dim % m.heads or m.layers % lay.pp or m.heads % lay.tp or a.batch % (lay.data_parallel * (
-            lay.microbatches if lay.pp > 1 else lay.accumulate)):
+    if (m.dim % m.heads or m.layers % lay.pp or m.heads % lay.tp or (m.kv_heads or m.heads) % lay.tp
+            or a.seq % (lay.cp * lay.tp) or (lay.cp > 1 and a.seq % (2 * lay.cp))
+            or a.batch % (lay.data_parallel * lay.passes)):
         p.error(f"the layout {lay.pp}x{lay.dp_replicate}x{lay.dp_shard}x{lay.cp}x{lay.ep}x{lay.tp} does not "
-                "divide the model (heads by tp, layers by pp, the batch by the data-parallel ranks and micro-batches)")
+                "divide the model (heads and key-value heads by tp, layers by pp, the sequence by cp x tp and "
+                "into 2 x cp chunks, the batch by the data-parallel ranks and micro-batches)")
     with open(a.hardware) as f:
         hw = Hardware(**json.load(f))
     pol = Policy(param=a.bytes, compute=a.bytes, reduce=a.bytes, state=a.bytes)

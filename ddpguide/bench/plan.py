@@ -13,10 +13,11 @@
   ``step_predicted_over_measured`` per layout, ``rank_correlation`` (Spearman),
   ``best_layout_measured_over_best_measured``, and the same ranking with DTensor's built-in
   link constants in place of the measured links (``..._dtensor_constants``);
-* memory: the same runs, and on this machine's loopback at 8 ranks every layout of the
-  checks' GPT (float64): the parts ``train.py --cost`` counts (parameters, gradients, AdamW
-  state, what autograd saves) predicted over counted at the busiest rank,
-  ``memory_predicted_over_measured``;
+* memory: the same runs, and on this machine's loopback every layout of the checks' GPT
+  (float64) at 8 ranks, and at 4 with grouped-query attention and with a mixture of experts:
+  the parts ``train.py --cost`` counts (parameters, gradients, AdamW state, what autograd
+  saves) predicted over counted at the busiest rank (under EP, where the routing decides each
+  rank's rows, all ranks together), ``memory_predicted_over_measured``;
 * ``DDPGUIDE_PLAN_CACHE=DIR`` keeps each finished run of train.py in DIR and reads it back
   in a later run (an interrupted benchmark resumes; the predictions are made again);
 * published: torchtitan's Llama 3.1 H100 rows, the Ultra-Scale Playbook's best
@@ -36,6 +37,9 @@ from ddpguide.plan import catalog, checks, measure, published, search
 from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
 
 CHECK_SEQ, CHECK_BATCH = 16, 8
+#: the memory check's runs on loopback: (label, ranks, the checks' GPT changed so)
+CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
+                ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
 QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "HSDP x FSDP 2 x 2")
 
 
@@ -73,7 +77,7 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
             rows.append({"name": name, "predicted": step["total"], "measured": result["step_seconds"],
                          "dtensor": p.step(model, lay, pol, dt_hw, TIME_BATCH, TIME_SEQ)["total"]})
             report.ratios[f"step_predicted_over_measured: {name}"] = step["total"] / result["step_seconds"]
-            report.ratios[f"memory_predicted_over_measured: 4 ranks: {name}"] = mem["peak"]
+            report.ratios[f"memory_predicted_over_measured: 4 ranks: {name}"] = mem["check"]
             report.add(f"{name}: step", result["step_seconds"] * 1e3, "ms", predicted_ms=step["total"] * 1e3,
                        parts_ms={k: v * 1e3 for k, v in step.items()}, dtensor_constants_ms=rows[-1]["dtensor"] * 1e3,
                        memory_predicted=mem["predicted"], memory_counted=mem["measured"], load_before=load,
@@ -100,18 +104,21 @@ def run(quick: bool = False) -> Report:
     report = Report("plan")
     cache = os.environ.get("DDPGUIDE_PLAN_CACHE")  # a folder: runs kept, an interrupted run resumed
     p = search.program()
-    checked = [] if quick else search.plain(p, catalog.model(p, "gpt-check"), 8, CHECK_BATCH, CHECK_SEQ)
+    checked = [] if quick else [(label, model, lay) for label, ranks, shape in CHECK_SHAPES
+                                for model in [catalog.model(p, "gpt-check", **shape)]
+                                for lay in search.plain(p, model, ranks, CHECK_BATCH, CHECK_SEQ)]
     bar = tqdm(total=len(checked), desc="plan", file=sys.stderr, leave=False)
     load = os.getloadavg()[0]
     time_check(report, p, quick, cache, bar)
-    check_model, check_pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
-    for lay in checked:
+    check_pol = catalog.policy(p, "float64")
+    for label, check_model, lay in checked:
         name = search.name(lay)
         result = measure.run_layout(lay, check_model, CHECK_SEQ, CHECK_BATCH, "float64", steps=2, cache=cache)
         bar.update()
         mem = measure.memory_ratios(p, lay, check_model, check_pol, CHECK_SEQ, CHECK_BATCH, result)
-        report.ratios[f"memory_predicted_over_measured: 8 ranks: {name}"] = mem["peak"]
-        _say(f"8 ranks, {name}: memory predicted / counted {mem['peak']:.4f}")
+        report.ratios[f"memory_predicted_over_measured: {label}: {name}"] = mem["check"]
+        _say(f"{label}, {name}: memory predicted / counted {mem['check']:.4f}"
+             + (f" (all ranks; the busiest {mem['peak']:.4f})" if lay.ep > 1 else ""))
     bar.close()
     memory = {k: v for k, v in report.ratios.items() if k.startswith("memory_predicted_over_measured")}
     report.add("memory predicted over measured, all layouts", statistics.median(memory.values()), "median",

@@ -11,9 +11,9 @@ from types import ModuleType
 
 #: name -> (the model's shape, its source)
 MODELS: dict[str, tuple[dict, str]] = {
-    "gpt": (dict(layers=4, dim=64, heads=4, ffn=256, vocab=256, tied=True, mask=True),
+    "gpt": (dict(layers=4, dim=64, heads=4, ffn=256, vocab=256, tied=True, cp_mask=True),
             "book/programs/gpt/model.py (Config defaults; ffn 4 x dim)"),
-    "gpt-check": (dict(layers=2, dim=32, heads=4, ffn=128, vocab=256, tied=True, mask=True),
+    "gpt-check": (dict(layers=2, dim=32, heads=4, ffn=128, vocab=256, tied=True, cp_mask=True),
                   "the chapter-14 checks' model (ddpguide.gpt.layouts.CHECK)"),
     "llama3-8b": (dict(layers=32, dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256,
                        gated=True, tied=False, mask=False),

@@ -46,13 +46,16 @@ def hardware(p: ModuleType, which: str = "this-machine", ranks: int = 4, folder:
 
 
 def options(layout) -> tuple[str, ...]:
-    """``train.py``'s options for a layout (``--pp 2 --dp-shard 2 --microbatches 4 ...``)."""
+    """``train.py``'s options for a layout (``--pp 2 --dp-shard 2 --microbatches 4 ...``). With
+    accumulation, ``--batch`` is each accumulation step's (:func:`model_options`)."""
     out: list[str] = []
     for axis in ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp"):
         if getattr(layout, axis) > 1:
             out += [f"--{axis.replace('_', '-')}", str(getattr(layout, axis))]
     if layout.pp > 1:
         out += ["--microbatches", str(layout.microbatches), "--schedule", layout.schedule]
+    if layout.accumulate > 1:
+        out += ["--accumulate", str(layout.accumulate)]
     if layout.ac == "full":
         out.append("--checkpoint-activations")
     if layout.ac == "selective":
@@ -61,12 +64,17 @@ def options(layout) -> tuple[str, ...]:
 
 
 def model_options(model, seq: int, batch: int, dtype: str) -> tuple[str, ...]:
-    """``train.py``'s options for the model (its vocabulary is bytes: 256)."""
-    if model.vocab != 256 or model.gated or not model.tied or (model.kv_heads or model.heads) != model.heads:
-        raise ValueError("train.py trains its own GPT only: vocabulary 256, GELU, tied, no GQA")
+    """``train.py``'s options for the model (its vocabulary is bytes: 256; ``batch``: the
+    sequences of one accumulation step)."""
+    if (model.vocab != 256 or model.gated or not model.tied or model.shared or model.mask
+            or model.ffn % model.dim):
+        raise ValueError("train.py trains its own GPT only: vocabulary 256, GELU, tied, no shared "
+                         "experts, a causal kernel, an MLP a multiple of the width wide")
     out = ["--layers", str(model.layers), "--dim", str(model.dim), "--heads", str(model.heads),
            "--ffn", str(model.ffn // model.dim), "--seq", str(seq), "--batch", str(batch),
            "--dtype", dtype]
+    if model.kv_heads and model.kv_heads != model.heads:
+        out += ["--kv-heads", str(model.kv_heads)]
     if model.experts:
         out += ["--experts", str(model.experts), "--top-k", str(model.top_k)]
     return tuple(out)
@@ -77,7 +85,7 @@ def run_layout(layout, model, seq: int, batch: int, dtype: str, steps: int = 3,
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
     every rank, the median step). ``cache``: a folder where each finished run is kept and
     from which the same run is read back instead of run again."""
-    extra = (*model_options(model, seq, batch, dtype), "--steps", str(steps), "--clip", "1.0")
+    extra = (*model_options(model, seq, batch // layout.accumulate, dtype), "--steps", str(steps), "--clip", "1.0")
     env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "67108864",
            "MALLOC_TRIM_THRESHOLD_": "268435456"}
     saved = None
@@ -100,11 +108,16 @@ def counted(memory: dict) -> int:
 
 
 def memory_ratios(p: ModuleType, layout, model, policy, seq: int, batch: int, result: dict) -> dict:
-    """Predicted over counted memory, per rank (the parts train.py counts) and at the peak rank."""
+    """Predicted over counted memory (the parts train.py counts): at the peak rank, the rank
+    furthest off, and all ranks together (``mean``). Under EP the rows each rank's experts
+    get depend on the routing; the prediction is the balanced share, so only ``mean`` is
+    its check there (``check``: the ratio to hold to, ``peak`` elsewhere)."""
     predicted = [counted(p.memory(model, layout, policy, batch, seq, r)) for r in range(layout.world)]
     measured = [counted(m) for m in result["memory"]]
     per_rank = [a / b for a, b in zip(predicted, measured)]
+    mean = sum(predicted) / sum(measured)
     return {"peak": max(predicted) / max(measured), "worst_rank": max(per_rank, key=lambda r: abs(r - 1)),
+            "mean": mean, "check": mean if layout.ep > 1 else max(predicted) / max(measured),
             "predicted": max(predicted), "measured": max(measured)}
 
 
@@ -137,7 +150,7 @@ def run_on_cluster(cluster, layout, model, seq: int, batch: int, dtype: str, ste
     :func:`run_layout` (the link rate is part of the key)."""
     from ddpguide.cluster.launch import torchrun_on
 
-    extra = (*model_options(model, seq, batch, dtype), "--steps", str(steps), "--clip", "1.0")
+    extra = (*model_options(model, seq, batch // layout.accumulate, dtype), "--steps", str(steps), "--clip", "1.0")
     saved = None
     if cache is not None:
         key = " ".join((*options(layout), *extra, cluster.spec.link, str(cluster.spec.nodes)))

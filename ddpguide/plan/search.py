@@ -1,10 +1,11 @@
 """Every layout of a model on N GPUs, predicted by ``plan_cost.py`` and ranked.
 
-:func:`layouts` lists the layouts that divide the model (heads by tp, layers by pp, the
-sequence by cp x tp, experts by ep, the batch by the data-parallel ranks and the
-micro-batches); :func:`rank` predicts each one and orders the ones that fit memory by step
-time; :func:`command` is the ``torchrun`` line that runs a layout with the capstone's
-``train.py`` (what that program can run: schedules 1F1B and GPipe, full checkpointing).
+:func:`layouts` lists the layouts that divide the model (heads and key-value heads by tp,
+layers by pp, the sequence by cp x tp and into 2 x cp zig-zag chunks, experts by ep, the
+batch by the data-parallel ranks and the micro-batches); :func:`rank` predicts each one and
+orders the ones that fit memory by step time; :func:`command` is the ``torchrun`` line that
+runs a layout with the capstone's ``train.py`` (what that program can run: schedules 1F1B
+and GPipe, full checkpointing).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def layouts(p: ModuleType, model, world: int, batch: int, seq: int, runnable: bo
         axes = dict(zip(AXES, sizes))
         if (model.heads % axes["tp"] or kv % axes["tp"] or model.layers % axes["pp"]
                 or seq % (axes["cp"] * axes["tp"]) or model.ffn % axes["tp"]
+                or (axes["cp"] > 1 and seq % (2 * axes["cp"]))
                 or (axes["ep"] > 1 and (not model.experts or model.experts % axes["ep"]))):
             continue
         if runnable and model.experts and axes["tp"] > 1:

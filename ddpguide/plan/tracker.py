@@ -16,7 +16,9 @@ from ddpguide.launch.programs import load
 from ddpguide.launch.spawn import spawn
 
 
-def _worker(axes: dict, config: dict, seq: int, batch: int) -> dict:
+def _worker(axes: dict, config: dict, seq: int, batch: int, timeout: float) -> dict:
+    import datetime
+
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -25,7 +27,7 @@ def _worker(axes: dict, config: dict, seq: int, batch: int) -> dict:
     gpt, par = load("gpt/model.py"), load("gpt/parallelize.py")
     torch.set_default_dtype(torch.float64)
     layout = par.Layout(**axes)
-    mesh = par.build_mesh(layout, "cpu")
+    mesh = par.build_mesh(layout, "cpu", datetime.timedelta(seconds=timeout))  # every group's timeout
     torch.manual_seed(0)
     model = gpt.GPT(gpt.Config(seq=seq, **config))
     stage = par.parallelize(model, layout, mesh, torch.device("cpu"))
@@ -61,4 +63,5 @@ def peak(axes: dict, config: dict, seq: int, batch: int, timeout: float = 300.0)
     world = 1
     for size in axes.values():
         world *= size
-    return spawn(_worker, world, axes, config, seq, batch, timeout=timeout, threads_per_rank=1, echo=False)
+    return spawn(_worker, world, axes, config, seq, batch, timeout, timeout=timeout, threads_per_rank=1,
+                 echo=False)

@@ -1,7 +1,8 @@
 """Chapter 16: the time model of plan_cost.py, piece by piece, against what it stands for: the
 pipeline order against torch's own schedule, the simulation against the 1F1B formula and
 against the cores the ranks share, a link's sharing and burst, gloo's reduce-scatter, the
-sweep's fit, and the saved cluster run ranked again by the program as it is now."""
+sweep's fit, the collectives train.py calls around and in a pass, and the saved cluster run
+ranked again by the program as it is now."""
 
 from __future__ import annotations
 
@@ -134,3 +135,21 @@ def test_tensor_parallel_modules_cost_cpu_time(p):
                        for s in (0.0, 1.0))
         assert extra["forward"] - base["forward"] == pytest.approx((10 + ends) / 3)
         assert extra["backward"] - base["backward"] == pytest.approx(2 * (10 + ends) / 3)
+
+
+def test_collectives_after_and_in_the_pass_are_train_pys(p):
+    """The calls train.py makes (its cost record's ``calls``), priced with latency alone (alpha
+    1 s a message, 2 messages an all-reduce on 2 ranks). After the schedule: DDP averages the
+    loss only (its gradients are whole: the norm needs no call); FSDP x TP sums the norms'
+    five partial gradients over tp, the gradient norm over the FSDP ranks and over tp, and the
+    loss. In a TP 2 forward: two gathers and two reduce-scatters a block (gloo's: an all-reduce,
+    2 messages), the embedding's reduce-scatter, the head's gather, and loss_parallel's three
+    all-reduces (a gathered loss: one all-gather of the logits instead)."""
+    model, pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+    hw = _cluster(p, links={"node": [1.0, 0.0, 0.0], "net": [1.0, 0.0, 0.0]})
+    assert p.step(model, p.Layout(dp_replicate=2), pol, hw, 8, 16)["sync"] == 2 * 1
+    assert p.step(model, p.Layout(dp_shard=2, tp=2), pol, hw, 8, 16)["sync"] == 2 * (5 + 2 + 1)
+    split, gathered = (p.microbatch(model, p.Layout(tp=2, loss_parallel=lp), pol, hw, 8, 16, 0)["forward_comm"]
+                       for lp in (True, False))
+    blocks = 2 * (2 * 1 + 2 * 2) + 2 + 1
+    assert split == blocks + 3 * 2 and gathered == blocks + 1
