@@ -22,7 +22,8 @@ def test_exec_time_variables_are_those_a_fresh_interpreter_reads():
     environ = {"MALLOC_MMAP_THRESHOLD_": "1", "OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "true",
                "PYTHONHASHSEED": "0", "RANK": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "DDPGUIDE_X": "1", "MASTER_PORT": "1",
-               "TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # read later
+               "TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # read later
+               "TORCH_FR_BUFFER_SIZE": "2", "TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr/rank_"}
     assert warm.exec_time_variables(environ) == {
         "MALLOC_MMAP_THRESHOLD_": "1", "OMP_PROC_BIND": "true", "PYTHONHASHSEED": "0",
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
