@@ -4,6 +4,7 @@ that ``spawn`` made, and a process that saves checkpoints until it is killed."""
 import torch
 
 from ddpguide.core.checkpoint import save_checkpoint
+from ddpguide.core.processes import die_with_parent
 from ddpguide.elastic.worker import toy_data
 from ddpguide.train.loop import TrainConfig, fit
 
@@ -17,8 +18,10 @@ def big_tensor() -> torch.Tensor:
 
 
 def save_forever(path: str, saved) -> None:
-    """Save epoch 0, 1, 2, ... of ``big_tensor() + epoch`` at ``path`` until killed; send
-    ``"saved"`` through the connection ``saved`` after the first."""
+    """Save epoch 0, 1, 2, ... of ``big_tensor() + epoch`` at ``path`` until killed (or its
+    parent, the warm server, ends); send ``"saved"`` through the connection ``saved`` after
+    the first."""
+    die_with_parent()
     big = big_tensor()
     epoch = 0
     while True:
