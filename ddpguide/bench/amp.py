@@ -3,8 +3,9 @@
 ``python -m ddpguide.bench amp [--quick] [--json FILE]``
 
 Both precisions train the same ConvNet on the same batch in one fresh process
-(with the allocator settings of :data:`~ddpguide.bench.report.MALLOC_ENV`),
-their timed steps interleaved so that a noisy machine slows both alike.
+(with the allocator settings of :data:`~ddpguide.bench.report.MALLOC_ENV`; ``--quick``:
+a process forked from the warm server, fewer rounds), their timed steps interleaved so
+that a noisy machine slows both alike.
 
 Memory is measured two ways:
 
@@ -114,11 +115,13 @@ def measure(quick: bool) -> dict:
 
 
 def run(quick: bool) -> Report:
-    """The suite: one fresh process measures every precision side by side."""
+    """The suite: one fresh process (with the allocator settings of ``MALLOC_ENV``) measures
+    every precision side by side; ``quick``, one forked from the warm server, with fewer rounds."""
     report = Report("amp")
     modes = _modes(select_runtime(1).device(0).type)
     with tracked(report, total=len(modes) + _repeats(quick)[0]):  # the worker ticks
-        (result,) = spawn(measure, 1, quick, env=MALLOC_ENV, echo=False, timeout=600)
+        (result,) = spawn(measure, 1, quick, env=None if quick else MALLOC_ENV, echo=False,
+                          timeout=600)
     names = NAMES
     details = {"model": f"ConvNet(width={result['width']})", "batch": result["batch"],
                "device": result["device"], "threads": result["threads"]}

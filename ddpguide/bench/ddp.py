@@ -59,7 +59,7 @@ ON_CPU: _Where = {"backend": "gloo", "device_type": "cpu"}
 
 @dataclass(frozen=True)
 class Settings:
-    """How much each measurement repeats."""
+    """How much each measurement repeats, and on what."""
 
     step_rounds: int     # interleaved rounds: one step of every case each
     warmup: int          # untimed steps (interleaved: rounds) before any timing
@@ -67,21 +67,28 @@ class Settings:
     steps: int           # steps per timed block in a separate process
     repeats: int         # timed blocks per process (the process reports their median)
     toy_steps: int       # the same for the toy model, whose step takes microseconds
+    batch: int = BATCH   # samples per rank per step (ConvNet; the toy model: TOY_BATCH)
+    #: each case's processes fresh interpreters with the allocator settings of MALLOC_ENV
+    #: (else forked from the warm server, with this process's own)
+    allocator: bool = True
 
 
-QUICK = Settings(step_rounds=12, warmup=2, process_rounds=1, steps=3, repeats=1, toy_steps=200)
+#: ``--quick``: every case and ratio of the full run on a tiny batch, in ranks forked warm;
+#: it shows that the suite runs and what it reports, its times say little.
+QUICK = Settings(step_rounds=12, warmup=2, process_rounds=1, steps=3, repeats=1, toy_steps=200,
+                 batch=8, allocator=False)
 FULL = Settings(step_rounds=60, warmup=3, process_rounds=5, steps=8, repeats=3, toy_steps=1000)
 
-#: Cases timed in their own processes: model, batch per rank, processes, threads per
-#: process, DDP variant (None: the plain loop; two plain processes never communicate).
-PROCESS_CASES: dict[str, tuple[str, int, int, int, str | None]] = {
-    "plain": ("convnet", BATCH, 1, 1, None),
-    "ddp1": ("convnet", BATCH, 1, 1, "ddp"),
-    "ddp2": ("convnet", BATCH, 2, 1, "ddp"),
-    "independent": ("convnet", BATCH, 2, 1, None),
-    "threads2": ("convnet", BATCH, 1, 2, None),
-    "toy1": ("toy", TOY_BATCH, 1, 1, "ddp"),
-    "toy2": ("toy", TOY_BATCH, 2, 1, "ddp"),
+#: Cases timed in their own processes: model, processes, threads per process, DDP
+#: variant (None: the plain loop; two plain processes never communicate).
+PROCESS_CASES: dict[str, tuple[str, int, int, str | None]] = {
+    "plain": ("convnet", 1, 1, None),
+    "ddp1": ("convnet", 1, 1, "ddp"),
+    "ddp2": ("convnet", 2, 1, "ddp"),
+    "independent": ("convnet", 2, 1, None),
+    "threads2": ("convnet", 1, 2, None),
+    "toy1": ("toy", 1, 1, "ddp"),
+    "toy2": ("toy", 2, 1, "ddp"),
 }
 
 #: What each ratio is, as the report's notes state it. ``t`` is seconds per step with
@@ -117,13 +124,19 @@ def pair_time(name: str, per_rank: list[float]) -> float:
     return max(per_rank)
 
 
-def _measure(kind: str, batch: int, processes: int, threads: int, variant: str | None,
+def _environment(settings: Settings) -> dict[str, str] | None:
+    """The ranks' extra variables: the allocator's (fresh interpreters), or none."""
+    return MALLOC_ENV if settings.allocator else None
+
+
+def _measure(kind: str, processes: int, threads: int, variant: str | None,
              settings: Settings) -> list[float]:
     steps = settings.toy_steps if kind == "toy" else settings.steps
     warmup = 20 if kind == "toy" else settings.warmup
+    batch = TOY_BATCH if kind == "toy" else settings.batch
     return spawn(step_time_worker, processes, kind, batch, steps, warmup, variant,
-                 settings.repeats, threads_per_rank=threads, env=MALLOC_ENV, echo=False,
-                 timeout=600, **ON_CPU)
+                 settings.repeats, threads_per_rank=threads, env=_environment(settings),
+                 echo=False, timeout=600, **ON_CPU)
 
 
 def measure_processes(settings: Settings) -> dict[str, list[float]]:
@@ -217,15 +230,16 @@ def run(quick: bool = False) -> Report:
     report = Report("ddp")
     cases = settings.step_rounds + settings.process_rounds * len(PROCESS_CASES)
     with tracked(report, total=cases):  # the interleaved worker and each process case tick
-        per_rank = spawn(interleaved_worker, 2, "convnet", BATCH, settings.step_rounds,
-                         settings.warmup, variants, threads_per_rank=1, env=MALLOC_ENV,
-                         echo=False, timeout=600, **ON_CPU)
+        per_rank = spawn(interleaved_worker, 2, "convnet", settings.batch, settings.step_rounds,
+                         settings.warmup, variants, threads_per_rank=1,
+                         env=_environment(settings), echo=False, timeout=600, **ON_CPU)
         steps = combine_ranks(per_rank)
         processes = measure_processes(settings)
     for name, values in per_round_ratios(steps, processes).items():
         report.add_ratio(name, values)
 
-    case = f"ConvNet 28x28, batch {BATCH} per rank, CPU and gloo, 1 thread per process unless named"
+    case = (f"ConvNet 28x28, batch {settings.batch} per rank, CPU and gloo, 1 thread per "
+            "process unless named")
     labels = {"plain": "plain loop", "independent": "2 independent processes",
               "ddp2": "DDP, 2 ranks"}
     for name in steps["wall"]:

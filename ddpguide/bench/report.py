@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from ddpguide.core.commands import check_output_file, json_with_keys, write_atomically
 
 #: What every report has (``Report.to_dict``): a file with these may be replaced by a new one.
@@ -29,6 +27,8 @@ def invocation() -> str:
 
 def machine_info() -> dict:
     """What the numbers were measured on."""
+    import torch  # here: a bad command line is refused without importing torch
+
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),

@@ -53,8 +53,10 @@ EXEC_TIME_PREFIXES = ("MALLOC_", "LD_", "PYTHON", "GLIBC_", "OMP_", "MKL_", "KMP
 #: set by each rank from its own environment (torch.set_num_threads)
 SET_BY_THE_RANK = frozenset({"OMP_NUM_THREADS"})
 #: what a launcher sets that torch reads only when a rank uses it (the agent's variables,
-#: read by the rendezvous and the error handler; nccl's error handling, read by a new group)
-READ_LATER = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+#: read by the rendezvous and the error handler; nccl's error handling, read by a new group;
+#: the flight recorder's, read when the rank's first process group makes the recorder,
+#: a function-local static of ``FlightRecorder::get()`` in c10d/FlightRecorder.hpp)
+READ_LATER = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_FR_")
 
 _server_environment: dict[str, str] | None = None
 

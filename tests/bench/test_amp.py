@@ -36,7 +36,8 @@ def test_one_step_of_each_precision_trains_the_same_model(mode):
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 
 
-def test_the_report_gives_medians_and_ratios(monkeypatch):
+@pytest.mark.parametrize("quick, env", [(True, None), (False, amp_bench.MALLOC_ENV)])
+def test_the_report_gives_medians_and_ratios(monkeypatch, quick, env):
     measured = {"device": "cpu", "batch": 256, "width": 16, "threads": 1, "modes": {
         "off": {"times": [0.030, 0.010, 0.020], "activations": 40 * MIB},
         "bf16": {"times": [0.012, 0.014, 0.016], "activations": 22 * MIB}}}
@@ -47,8 +48,8 @@ def test_the_report_gives_medians_and_ratios(monkeypatch):
         return [measured]
 
     monkeypatch.setattr(amp_bench, "spawn", fake_spawn)
-    report = amp_bench.run(quick=True)
-    assert calls == [(amp_bench.measure, 1, (True,), amp_bench.MALLOC_ENV)]
+    report = amp_bench.run(quick=quick)
+    assert calls == [(amp_bench.measure, 1, (quick,), env)]  # quick: forked warm
     assert [(m.name, m.value, m.unit) for m in report.measurements] == [
         ("fp32 step", 20.0, "ms"), ("bf16 step", 14.0, "ms"),
         ("fp32 activations", 40.0, "MiB"), ("bf16 activations", 22.0, "MiB")]

@@ -51,6 +51,8 @@ def test_quick_mode_reports_every_ratio_with_its_spread(tmp_path):
     names = [m["name"] for m in report["measurements"]]
     assert len(names) == len(variants) + 1 + len(BOTH_RANKS) + len(PROCESS_CASES)
     assert all(name.endswith(("(interleaved)", "(separate)")) for name in names)
+    convnet = [m["details"]["case"] for m in report["measurements"] if "toy" not in m["name"]]
+    assert all(case.startswith(f"ConvNet 28x28, batch {QUICK.batch} per rank,") for case in convnet)
     notes = "\n".join(report["notes"])
     assert notes.startswith("headline: DDP on 2 ranks x 1 thread trains ")
     assert "trusted: the interleaved figures." in notes

@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 import warnings
 
@@ -140,38 +137,29 @@ def test_unwritable_directories_are_reported(tmp_path):
         check_writable_directory(a_file / "ckpt.pt")
 
 
-WRITER = textwrap.dedent("""
-    import sys, torch
-    from ddpguide.core.checkpoint import save_checkpoint
-    path = sys.argv[1]
-    torch.manual_seed(0)
-    big = torch.randn(2_000_000)  # 8 MB: a write takes long enough to be interrupted
-    epoch = 0
-    while True:
-        save_checkpoint({"epoch": epoch, "model": {"w": big + epoch}}, path)
-        if epoch == 0:
-            print("saved", flush=True)
-        epoch += 1
-""")
-
-
 @pytest.mark.timeout(120)
+@pytest.mark.multiprocess
 def test_sigkill_at_any_moment_of_a_write_leaves_a_loadable_checkpoint(tmp_path):
     """Whatever instant the writer dies at, the latest file loads, without falling back."""
+    from ddpguide.launch import warm
+    from tests.core.checkpoint_workers import big_tensor, save_forever
+
     path = tmp_path / "ckpt.pt"
     rng = random.Random(0)
-    torch.manual_seed(0)
-    big = torch.randn(2_000_000)
+    big = big_tensor()
     last_epoch = -1
+    context = warm.context(os.environ)  # writers forked from the warm server: no import each
     for _ in range(5):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)],
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        receive, send = context.Pipe(duplex=False)
+        writer = context.Process(target=save_forever, args=(str(path), send))
+        writer.start()
         try:
-            assert writer.stdout.readline().strip() == "saved"
+            assert receive.poll(60) and receive.recv() == "saved"
             time.sleep(rng.uniform(0.05, 0.6))
         finally:
-            os.killpg(writer.pid, signal.SIGKILL)
-            writer.wait(10)
+            writer.kill()  # SIGKILL
+            writer.join(10)
+        assert writer.exitcode == -signal.SIGKILL
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a fallback would mean the latest file was damaged
             state = load_checkpoint(path)

@@ -59,9 +59,11 @@ def leave_without_returning():
 
 
 def parent_and_variables(names):
-    """The rank's parent process (the warm server, or the caller) and some variables."""
+    """The rank's parent process (the warm server, or the caller), some variables, and the
+    debug level c10d runs at (``TORCH_DISTRIBUTED_DEBUG``, read by ``import torch.distributed``)."""
     return {"parent": os.getppid(), "rank": os.environ["RANK"],
-            "variables": {name: os.environ.get(name) for name in names}}
+            "variables": {name: os.environ.get(name) for name in names},
+            "debug_level": dist.get_debug_level().name}
 
 
 def touch_and_sleep(folder_prefix: str):
@@ -69,11 +71,6 @@ def touch_and_sleep(folder_prefix: str):
     with open(f"{folder_prefix}-{dist.get_rank()}", "w"):
         pass
     time.sleep(3600)
-
-
-def debug_level():
-    """The debug level c10d runs at in this rank (``TORCH_DISTRIBUTED_DEBUG``)."""
-    return dist.get_debug_level().name
 
 
 def keywords(**kwargs):

@@ -22,7 +22,8 @@ def test_exec_time_variables_are_those_a_fresh_interpreter_reads():
     environ = {"MALLOC_MMAP_THRESHOLD_": "1", "OMP_NUM_THREADS": "1", "OMP_PROC_BIND": "true",
                "PYTHONHASHSEED": "0", "RANK": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "DDPGUIDE_X": "1", "MASTER_PORT": "1",
-               "TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # read later
+               "TORCHELASTIC_RUN_ID": "r", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # read later
+               "TORCH_FR_BUFFER_SIZE": "2", "TORCH_FR_DUMP_TEMP_FILE": "/tmp/fr/rank_"}
     assert warm.exec_time_variables(environ) == {
         "MALLOC_MMAP_THRESHOLD_": "1", "OMP_PROC_BIND": "true", "PYTHONHASHSEED": "0",
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}
@@ -68,12 +69,16 @@ def test_ranks_fork_from_the_server_and_see_the_environment_of_the_call(monkeypa
 
 
 @pytest.mark.multiprocess
-def test_a_setting_only_a_fresh_interpreter_reads_gets_a_fresh_interpreter(monkeypatch):
+def test_settings_only_a_fresh_interpreter_reads_get_a_fresh_interpreter_and_reach_the_rank(monkeypatch):
+    """The C library's allocator reads MALLOC_*, ``import torch.distributed`` reads
+    TORCH_DISTRIBUTED_DEBUG: such ranks are spawned (which variable decides it:
+    ``test_the_start_method_is_spawn_when_asked_or_when_the_call_changes_a_setting``)."""
     monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
     ranks = spawn(spawn_workers.parent_and_variables, 2, ("MALLOC_ARENA_MAX",),
-                  env={"MALLOC_ARENA_MAX": "2"}, echo=False)
+                  env={"MALLOC_ARENA_MAX": "2", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, echo=False)
     assert [seen["parent"] for seen in ranks] == [os.getpid()] * 2
     assert all(seen["variables"] == {"MALLOC_ARENA_MAX": "2"} for seen in ranks)
+    assert [seen["debug_level"] for seen in ranks] == ["DETAIL", "DETAIL"]
 
 
 @pytest.mark.multiprocess
@@ -113,21 +118,14 @@ def test_the_server_and_its_ranks_die_with_their_parent(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_a_variable_torch_reads_on_import_reaches_the_rank(monkeypatch):
-    """TORCH_DISTRIBUTED_DEBUG is read by ``import torch.distributed``: such a rank is spawned."""
-    monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
-    levels = spawn(spawn_workers.debug_level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, echo=False)
-    assert levels == ["DETAIL", "DETAIL"]
-
-
-@pytest.mark.multiprocess
 def test_a_setting_this_process_changes_starts_the_server_again(monkeypatch):
     """A notebook cell (or a library) that sets such a variable gets a server that read it."""
     monkeypatch.delenv(warm.START_METHOD_ENV, raising=False)
     before = spawn(spawn_workers.parent_and_variables, 2, (), echo=False)[0]["parent"]
     assert before == warm.server_pid()
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-    assert spawn(spawn_workers.debug_level, 2, echo=False) == ["DETAIL", "DETAIL"]
+    ranks = spawn(spawn_workers.parent_and_variables, 2, (), echo=False)
+    assert [seen["debug_level"] for seen in ranks] == ["DETAIL", "DETAIL"]
     after = warm.server_pid()
     assert after not in (None, before)
-    assert spawn(spawn_workers.parent_and_variables, 2, (), echo=False)[0]["parent"] == after
+    assert [seen["parent"] for seen in ranks] == [after] * 2

@@ -6,12 +6,12 @@ on the CPU: "No backend type associated with device type cpu")."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from ddpguide.core.collective_devices import EXIT_STATUS
 from ddpguide.launch.programs import run
+from tests.programs import programs_support
 
 CHECKED = ("torchrun", "--standalone", "--nproc-per-node=2", "-m", "ddpguide.core.collective_devices")
 PROGRAM = """\
@@ -29,11 +29,19 @@ dist.destroy_process_group()
 """
 
 
+#: ``python -m ddpguide.core.collective_devices program.py`` as a script, so that the suite's
+#: runner can fork it warm (the first run is typed; the module itself runs under torchrun below)
+CHECKER = """\
+import runpy, sys
+sys.argv = [sys.argv[0], "program.py"]
+runpy.run_module("ddpguide.core.collective_devices", run_name="__main__", alter_sys=True)
+"""
+
+
 def check(tmp_path, last: str) -> subprocess.CompletedProcess:
-    program = tmp_path / "program.py"
-    program.write_text(PROGRAM.format(last=last))
-    return subprocess.run([sys.executable, "-m", "ddpguide.core.collective_devices", str(program)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    (tmp_path / "program.py").write_text(PROGRAM.format(last=last))
+    (tmp_path / "checker.py").write_text(CHECKER)
+    return programs_support.run([programs_support.PYTHON, "checker.py"], tmp_path, timeout=120)
 
 
 @pytest.mark.parametrize("last", [

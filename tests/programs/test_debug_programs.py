@@ -3,10 +3,10 @@
 All programs run once (each bounded by its own short process-group timeout, all of
 them by the launch's time limit); the tests then read what each run printed and left
 behind. The runs whose check reads torchrun's own report, or that set a variable only a
-fresh interpreter reads, run under torchrun, side by side; the others run meanwhile on
-ranks forked from the warm server with the variables torchrun gives its workers
-(``ddpguide.launch.forked``), one after another, which spares the machine two dozen
-interpreters starting at once.
+fresh interpreter reads, run under torchrun, side by side, and so does each program's
+first run; the others run meanwhile, side by side too, on ranks forked from the warm
+server with the variables torchrun gives its workers (``ddpguide.launch.forked``), which
+spares the machine a dozen more interpreters starting at once.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,8 @@ def runs(tmp_path_factory):
               options=["--log-dir", str(folder / "logs"), "--redirects", "3", "--tee", "1",
                        "--local-ranks-filter", "1"]),
     ]
-    # "shape" and "crash": their tests read torchrun's report of the failure
-    typed = [a for a in agents if a.name in ("shape", "crash") or not forks(a)]
+    # "crash": its test reads the files of torchrun's --log-dir and its report of the failure
+    typed = [a for a in agents if a.name == "crash" or not forks(a)]
     for a in agents:  # every program's ranks go through interpreter teardown at least once
         if Path(a.module).name not in {Path(t.module).name for t in typed}:
             typed.append(a)
@@ -75,7 +76,12 @@ def runs(tmp_path_factory):
         run_agents(typed, timeout=280, raise_on_timeout=False, failure_grace_s=280)))
     thread.start()
     try:
-        results = {a.name: forked_run(a, folder / "forked" / a.name) for a in agents if a not in typed}
+        forked = [a for a in agents if a not in typed]
+        if forked:
+            warm.context(os.environ)  # the warm server up once, before its runs start side by side
+        with ThreadPoolExecutor(max(1, len(forked))) as pool:  # most of them wait for a timeout
+            results = dict(zip([a.name for a in forked], pool.map(
+                lambda a: forked_run(a, folder / "forked" / a.name), forked)))
     finally:
         thread.join(300)
     assert not thread.is_alive() and len(done) == len(typed)
@@ -257,8 +263,9 @@ def test_crashing_worker_leaves_its_traceback_and_torchrun_names_the_root_cause(
     assert "  ValueError: batch 3 of rank 1 has no labels" in root
     assert run.root_cause["message"]["message"] == "ValueError: batch 3 of rank 1 has no labels"
     # without @record there is no error file: every other program shows torchrun's hint instead
+    assert runs["shape detail"].launch_id != "forked"  # torchrun's own report
     assert ("traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
-            in runs["shape"].output)
+            in runs["shape detail"].output)
 
 
 @pytest.mark.multiprocess

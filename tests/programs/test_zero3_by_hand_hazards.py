@@ -1,19 +1,20 @@
 """`book/programs/zero3_by_hand.py` is safe to copy: what a reader does next works or is refused.
 
-Each case imports the program by path in a fresh Python (the program sets float64 as
-the default dtype when imported) on a one-rank gloo group, where the hooks free and
-refill the parameters' storage exactly as on more ranks, and prints one JSON line.
+Each case is a script of its own (the program sets float64 as the default dtype when
+imported), run with the suite's runner: the first as typed, the others forked from the
+warm server. It imports the program by path, joins a one-rank gloo group, where the hooks
+free and refill the parameters' storage exactly as on more ranks, and prints one JSON line.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.programs.programs_support import PYTHON, check_ok, run
 
 PROGRAM = Path(__file__).resolve().parents[2] / "book" / "programs" / "zero3_by_hand.py"
 
@@ -35,16 +36,15 @@ def refusal(make):
 """
 
 
-def run_case(body: str) -> dict:
-    script = SETUP + textwrap.dedent(body) + "\ndist.destroy_process_group()\n"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"exit status {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_case(folder: Path, body: str) -> dict:
+    (folder / "case.py").write_text(SETUP + textwrap.dedent(body) + "\ndist.destroy_process_group()\n")
+    done = check_ok(run([PYTHON, "case.py"], folder, timeout=120))
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.timeout(180)
-def test_the_gather_buffer_keeps_the_parameter_dtype():
-    out = run_case("""
+def test_the_gather_buffer_keeps_the_parameter_dtype(tmp_path):
+    out = run_case(tmp_path, """
         model = nn.Sequential(nn.Linear(4, 3, dtype=torch.bfloat16), nn.Linear(3, 2, dtype=torch.float32))
         program.shard_model(model, 0, 1)
         dtypes = [str(p.dtype) for p in model.parameters()]
@@ -54,8 +54,8 @@ def test_the_gather_buffer_keeps_the_parameter_dtype():
 
 
 @pytest.mark.timeout(180)
-def test_gradients_accumulate_over_micro_batches():
-    out = run_case("""
+def test_gradients_accumulate_over_micro_batches(tmp_path):
+    out = run_case(tmp_path, """
         model = program.make_model()
         plain = program.make_model()
         shards = program.shard_model(model, 0, 1)
@@ -71,8 +71,8 @@ def test_gradients_accumulate_over_micro_batches():
 
 
 @pytest.mark.timeout(180)
-def test_a_forward_under_no_grad_runs():
-    out = run_case("""
+def test_a_forward_under_no_grad_runs(tmp_path):
+    out = run_case(tmp_path, """
         model = program.make_model()
         plain = program.make_model()
         program.shard_model(model, 0, 1)
@@ -86,8 +86,8 @@ def test_a_forward_under_no_grad_runs():
 
 
 @pytest.mark.timeout(180)
-def test_what_it_cannot_shard_is_refused_in_one_line():
-    out = run_case("""
+def test_what_it_cannot_shard_is_refused_in_one_line(tmp_path):
+    out = run_case(tmp_path, """
         class Tied(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -120,9 +120,9 @@ def test_what_it_cannot_shard_is_refused_in_one_line():
 
 
 @pytest.mark.timeout(180)
-def test_a_layer_whose_part_has_no_parameters_is_sharded():
+def test_a_layer_whose_part_has_no_parameters_is_sharded(tmp_path):
     """LayerNorm(elementwise_affine=False) registers weight=None: a part with no parameter."""
-    out = run_case("""
+    out = run_case(tmp_path, """
         class Scaled(nn.Module):
             def __init__(self):
                 super().__init__()
