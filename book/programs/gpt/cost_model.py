@@ -206,10 +206,12 @@ def predict_memory(c, layout, args, rank):
     parallelism), and the next linear layer keeps that times the weight (x; gathered
     over the sequence under TP); attention keeps q (x/t), k and v (kv_heads / heads x/t
     each; every rank's under CP, cp times that), its output and the copy fed to wo (x/t
-    each); the MLP keeps the GELU's input and output (ffn x/t each); plus per-token
-    statistics and the rotary tables. Under CP, each of a rank's two chunks of queries
-    keeps its causal_lower_right mask, which SDPA makes on the CPU (bools; CUDA's kernels
-    take the bias without one); no other attention mask exists (is_causal). The
+    each; with one head a rank and no CP that copy is a view); the MLP keeps the GELU's
+    input and output (ffn x/t each); plus per-token statistics and the rotary tables.
+    Under CP, each of a rank's two chunks of queries keeps its causal_lower_right mask,
+    which SDPA makes on the CPU (bools; CUDA's kernels take the bias without one), but
+    for a chunk that ends on the diagonal (cp rank 0's first, a plain causal square); no
+    other attention mask exists (is_causal). The
     ends add the token ids, the final norm and the log-softmax of the logits (1/t of
     them under TP: loss_parallel never gathers them). A
     pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
@@ -219,7 +221,7 @@ def predict_memory(c, layout, args, rank):
     pipeline, a stage's peak over micro-batches routed unevenly is above it).
     With --bf16 the activations are bfloat16 but for what is kept in float32: the norms'
     input and output (an RMSNorm computes in float32) and the per-token statistics of the
-    norms and of attention, the router's probabilities, the log-softmax.
+    norms and of attention, the router's input and probabilities, the log-softmax.
     """
     B, A = sizes(args)
     F = max(A, 4)  # float32 at least
@@ -244,15 +246,19 @@ def predict_memory(c, layout, args, rank):
     kv = rows * seq * kv_dim(c)  # this rank's keys (and values), elements
     stats = 2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
     rotary = 4 * seq * c.dim // c.heads // 2  # cos, sin (of q and k)
-    per_block = (x + 2 * cp * kv + 2 * x) // t + rotary
-    masks = (seq // 2) ** 2 * (2 * cp + 1) if cp > 1 else 0  # bytes: causal_lower_right's
+    # q, attention's output and wo's input: a (heads, tokens) transposed copy of the output,
+    # or CP's two chunks joined; with one head a rank and no CP the input is a view of it
+    outputs = 2 if c.heads // t > 1 or cp > 1 else 1
+    per_block = (x + 2 * cp * kv + outputs * x) // t + rotary
+    # bytes: causal_lower_right's, for a chunk that does not end on the diagonal (rank 0's first)
+    masks = (seq // 2) ** 2 * (2 * cp + 1 - (at["cp"] == 0)) if cp > 1 else 0
     moe = 0  # bytes of the mixture of experts
     if c.experts:
         # the routed rows in, every expert's hidden layer (in and out), its rows out, and the
-        # gated rows index_add keeps; the router's probabilities and gates (float32 at least),
+        # gated rows index_add keeps; the router's input, probabilities and gates (float32 at least),
         # three int64 indices of the choices; the load-balancing loss's two per sequence
         choices = rows * seq * c.top_k
-        moe = (choices * c.dim * (3 + 2 * c.ffn) * A + choices * A
+        moe = (choices * c.dim * (3 + 2 * c.ffn) * A + choices * A + x * (F - A)
                + rows * seq * c.experts * F + 3 * choices * 8
                + (2 * rows * c.experts * F if c.aux_loss else 0))
     else:
