@@ -13,10 +13,12 @@ own setting, never an environment variable, so no process a test starts inherits
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from ddpguide.launch import programs
+from tests import worker_groups
 from tests.process_guard import guard
 from tests.process_marks import ProcessWatch, mark_items
 
@@ -35,24 +37,23 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     mark_items(items)
-    if config.pluginmanager.hasplugin("xdist"):
-        groups = worker_groups(items)
-        for item in items:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+    if config.pluginmanager.hasplugin("xdist"):  # the scheduler's groups, read from the source
+        found = worker_groups.collected_groups(items)
+        expected = worker_groups.static_groups(Path(__file__).parent)
+        wrong = sorted(f"{path}: {group!r}, read from the source {expected.get(path)!r}"
+                       for path, group in found.items()
+                       if path.startswith("tests/") and expected.get(path) != group)
+        if wrong:
+            raise pytest.UsageError("tests/worker_groups.py reads the wrong worker group for "
+                                    + "; ".join(wrong))
 
 
-def worker_groups(items) -> dict[str, str]:
-    """Test file -> the pytest-xdist worker group it runs in (``make test`` runs
-    ``--dist loadgroup``): a file's tests together, so that its module fixtures start
-    once, and the files that use one of this suite's session fixtures together, so
-    that it runs once."""
-    shared: dict[str, set[str]] = {}
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        names = shared.setdefault(item.nodeid.split("::")[0], set())
-        names.update(name for name, defs in (info.name2fixturedefs.items() if info else ())
-                     if defs and defs[-1].scope == "session" and defs[-1].baseid.startswith("tests"))
-    return {path: f"session fixture {min(names)}" if names else path for path, names in shared.items()}
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: a file's tests in one worker, and the files of a session fixture
+    together (``tests/worker_groups.py``)."""
+    if config.getvalue("dist") == "loadgroup":
+        return worker_groups.scheduler(config, log, worker_groups.static_groups(Path(__file__).parent))
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
