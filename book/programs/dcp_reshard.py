@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -86,6 +87,8 @@ def parse_args():
     if problem:
         if os.environ.get("RANK", "0") == "0":
             print(problem, file=sys.stderr)
+        elif "TORCHELASTIC_RUN_ID" in os.environ:
+            time.sleep(10)  # torchrun stops every worker once one exits: let rank 0 say why first
         raise SystemExit(2)
     return directory, args.load, args.report
 

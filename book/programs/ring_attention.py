@@ -31,6 +31,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -228,6 +229,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
         if os.environ.get("RANK", "0") == "0":
             print(message, file=sys.stderr, flush=True)
+        elif "TORCHELASTIC_RUN_ID" in os.environ:
+            time.sleep(10)  # torchrun stops every worker once one exits: let rank 0 say why first
         raise SystemExit(2)
 
 

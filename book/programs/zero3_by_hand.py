@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import sys
+import time
 from collections import Counter
 
 import torch
@@ -165,6 +166,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr (from rank 0 only) and exit status 2
         if os.environ.get("RANK", "0") == "0":
             print(f"{self.prog}: error: {message}", file=sys.stderr)
+        elif "TORCHELASTIC_RUN_ID" in os.environ:
+            time.sleep(10)  # torchrun stops every worker once one exits: let rank 0 say why first
         raise SystemExit(2)
 
 

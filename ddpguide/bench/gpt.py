@@ -71,8 +71,10 @@ def fit(quick: bool) -> tuple[tuple[float, float], list]:
     return cost.fit_alpha_beta(samples), samples
 
 
-def _run(options, ranks, steps, extra=()):
-    env = {**MALLOC_ENV, "OMP_NUM_THREADS": "1"}
+def _run(options, ranks, steps, extra=(), malloc=True):
+    """One launch of ``train.py --cost``; ``malloc``: with :data:`MALLOC_ENV` (freed blocks kept,
+    which a fresh interpreter reads, so the ranks are never forked from a warm server)."""
+    env = {**(MALLOC_ENV if malloc else {}), "OMP_NUM_THREADS": "1"}
     result, _ = cost.measure(options, ranks, extra=(*MODEL, "--steps", str(steps), *extra),
                              timeout=900, env=env)
     return result
@@ -84,6 +86,9 @@ def run(quick: bool = False) -> Report:
 
     report = Report("gpt")
     steps = 5 if quick else 12
+    # --quick checks that every figure comes out: its step runs keep glibc's own settings (the
+    # memory pair below keeps MALLOC_ENV's), so that warm ranks may run them
+    malloc = not quick
     layouts = LAYOUTS if quick else LAYOUTS + MORE
     details = {"model": " ".join(MODEL), "steps": steps, "threads per rank": 1}
     progress = tqdm(total=len(layouts) + 5 + (0 if quick else 1), desc="gpt", file=sys.stderr, leave=False)
@@ -94,9 +99,9 @@ def run(quick: bool = False) -> Report:
     _say(f"gloo alpha-beta: {alpha * 1e6:.1f} us a message, {1 / beta / 1e9:.2f} GB/s")
     results, narrow = {}, {}
     for name, ranks, options in layouts:
-        results[name] = _run(options, ranks, steps)
+        results[name] = _run(options, ranks, steps, malloc=malloc)
         if ranks > 1:
-            narrow[name] = _run(options, ranks, steps, NARROW)
+            narrow[name] = _run(options, ranks, steps, NARROW, malloc=malloc)
         progress.update()
         _say(f"{name}: step {results[name]['step_seconds'] * 1e3:.1f} ms, "
              f"MFU {results[name]['mfu']:.3f}"
@@ -106,7 +111,7 @@ def run(quick: bool = False) -> Report:
     efficiency = {1: single["mfu"]}  # ranks -> MFU of one process doing one rank's share
     for ranks in sorted({r for _, r, _ in layouts} - {1}):
         batch = int(MODEL[MODEL.index("--batch") + 1]) // ranks
-        efficiency[ranks] = _run((), 1, steps, ("--batch", str(batch)))["mfu"]
+        efficiency[ranks] = _run((), 1, steps, ("--batch", str(batch)), malloc=malloc)["mfu"]
         _say(f"1 process, batch {batch} (one rank's share of {ranks}): MFU {efficiency[ranks]:.3f}")
         progress.update()
     report.add("1 process: matmul peak", single["peak_flops"] / 1e9, "GFLOP/s", **details)
@@ -151,9 +156,9 @@ def run(quick: bool = False) -> Report:
     _say(f"activation_checkpoint_peak_over_plain: {ratio:.3f}")
 
     small = ("--layers", "1") if quick else ()  # compiling takes minutes on 2 shared cores
-    eager = _run((), 1, steps, small)
+    eager = _run((), 1, steps, small, malloc=malloc)
     progress.update()
-    compiled = _run((), 1, steps, (*small, "--compile"))
+    compiled = _run((), 1, steps, (*small, "--compile"), malloc=malloc)
     progress.update()
     progress.close()
     ratio = compiled["step_seconds"] / eager["step_seconds"]
