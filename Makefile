@@ -68,7 +68,7 @@ test: $(STAMP)
 
 # Two pytest-xdist workers: about half of the package tests' time is spent waiting (a
 # collective's timeout, an agent that joins late), which the other worker fills. A file's
-# tests run in one worker (tests/conftest.py); TEST_WORKERS=0 runs them in this process.
+# tests run in one worker (tests/worker_groups.py); TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 test-package: $(STAMP)
 	$(PY) -m pytest tests --ignore=tests/browser --durations=25 -n $(TEST_WORKERS) --dist loadgroup

@@ -13,7 +13,7 @@ model and optimizer tensor with it (torch.equal: exact).
 Gloo on CPU; on GPUs nccl with one GPU per rank, and gloo beside it for CPU tensors
 ("cpu:gloo,cuda:nccl", which dcp.async_save needs).
 
-Source: PyTorch's distributed-checkpoint documentation (no seed article covers it).
+Source: PyTorch's distributed-checkpoint documentation (no source article covers it).
 """
 
 import argparse

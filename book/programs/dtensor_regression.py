@@ -14,7 +14,7 @@ Run:  torchrun --standalone --nproc-per-node=4 dtensor_regression.py
    only collective of the forward pass is one P -> B all-reduce.
 
 Every rank checks its results; rank 0 prints. Source: the OneFlow book's data-parallel
-example (seed article), PyTorch's DTensor and tensor-parallel APIs.
+example (source article), PyTorch's DTensor and tensor-parallel APIs.
 """
 
 import contextlib

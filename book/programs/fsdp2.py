@@ -12,7 +12,7 @@ afterwards; after backward it reduce-scatters the gradients (P -> S(0)), so
 Adam updates only this rank's rows. The program prints the shards, counts the
 collectives of one step, and checks the result against one process.
 
-Source: PyTorch's FSDP2 (fully_shard) documentation and the ZeRO paper (no seed article covers sharding).
+Source: PyTorch's FSDP2 (fully_shard) documentation and the ZeRO paper (no source article covers sharding).
 """
 
 import argparse

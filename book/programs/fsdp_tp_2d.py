@@ -13,7 +13,7 @@ quarter of the batch.
 Both are checked against one process that trains the same model on the whole
 batch with the same SGD steps (float64, to 1e-12).
 
-Source: PyTorch's FSDP2 and tensor-parallel documentation (no seed article covers it).
+Source: PyTorch's FSDP2 and tensor-parallel documentation (no source article covers it).
 """
 
 import argparse

@@ -47,7 +47,7 @@ Across machines, start torchft's lighthouse once (torchft_lighthouse --min_repli
 Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, ManagedProcessGroup,
 DistributedDataParallel, Optimizer and DiLoCo; its tests manager_integ_test.py,
 local_sgd_integ_test.py and fsdp_test.py, whose all-reduce hook this FT-HSDP follows);
-no seed article covers it.
+no single article covers it.
 """
 
 import argparse

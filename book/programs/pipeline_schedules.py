@@ -31,7 +31,7 @@ Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule 
       torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --pin-cores --time 5 \
           --microbatches 4 --blocks 32 --microbatch-size 256 --width 1024
 
-From the source: there is no seed article. The schedules are torch 2.14.1's own
+Sources: no single article covers them. The schedules are torch 2.14.1's own
 (torch/distributed/pipelining/schedules.py, after the papers their docstrings name);
 its documentation lists them, and here each one runs on real processes and is held to
 one process's gradients, with the micro-batch counts each constructor refuses checked

@@ -16,7 +16,7 @@ Source: the Ultra-Scale Playbook's memory and time accounting ("Finding the best
 configuration"), torch's own schedules (torch/distributed/pipelining/schedules.py) and FSDP2
 (torch/distributed/fsdp/_fully_shard), checked against the capstone GPT (gpt/train.py --cost)
 on chapter 15's emulated cluster, and against torchtitan's, the Playbook's and picotron's
-published runs; no seed article covers it.
+published runs; no single article covers it.
 """
 
 import argparse

@@ -9,7 +9,7 @@ on the same input: that is what one process would compute. The split version
 must give the same output and the same gradients (float64, to 1e-12).
 Gloo on CPU; nccl with one GPU per rank when there are enough GPUs.
 
-Source: PyTorch's tensor-parallel documentation and the Megatron-LM paper (no seed article covers it).
+Source: PyTorch's tensor-parallel documentation and the Megatron-LM paper (no source article covers it).
 """
 
 import argparse

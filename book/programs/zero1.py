@@ -12,7 +12,7 @@ rank whole parameter tensors, about 1/N of them. After its local Adam step each
 rank broadcasts the parameters it owns, so all replicas stay equal. The program
 checks that against one process trained on the full batch.
 
-Source: PyTorch's ZeroRedundancyOptimizer documentation and the ZeRO paper (no seed article covers sharding).
+Source: PyTorch's ZeroRedundancyOptimizer documentation and the ZeRO paper (no source article covers sharding).
 """
 
 import argparse

@@ -22,7 +22,7 @@ parts that own some (nn.MultiheadAttention reads out_proj.weight without calling
 out_proj), and a layer that does not return one tensor. Between steps the full
 parameters are freed: read the shards, or gather them.
 
-Source: the ZeRO paper's stage 3 (no seed article covers sharding).
+Source: the ZeRO paper's stage 3 (no source article covers sharding).
 """
 
 import argparse

@@ -3,7 +3,7 @@
 The inputs are what :func:`ddpguide.bench.pipeline_cases.measure` returns (or a report
 saved as JSON, :func:`sweep_from_report`); the outputs are plain rows and numbers, a
 matplotlib figure of seconds per step against micro-batch size (median of the timed steps,
-bars from the fastest to the slowest), and the seed article's GPU figures next to this
+bars from the fastest to the slowest), and the source article's GPU figures next to this
 machine's.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ddpguide.bench.pipeline_cases import BALANCED
 
-# The seed article's figures: ResNet50, 128x128 images, batch 120, two GPUs.
+# The source article's figures: ResNet50, 128x128 images, batch 120, two GPUs.
 SEED_SECONDS = {"single": 3.75, "model_parallel": 4.02, "pipeline_split20": 2.51, "pipeline_split12": 2.43}
 
 

@@ -1,7 +1,7 @@
 """The chapter's torchrun demonstrations: two nodes on one machine, and the error file.
 
 * :func:`two_nodes_static`: two agents on 127.0.0.1, each told its node rank
-  on the command line (``--node-rank``), as in the seed article's table;
+  on the command line (``--node-rank``), as in the source article's table;
 * :func:`two_nodes_c10d`: the same two agents with one identical command; a
   c10d rendezvous numbers the nodes;
 * :func:`crash_demo`: the chapter's program, ``ddp_torchrun.py``, with one rank

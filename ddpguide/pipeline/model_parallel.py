@@ -1,6 +1,6 @@
 """Model parallelism on one machine: a model's layers placed on two devices.
 
-The models of the seed article ("Single-Machine Model Parallel Best
+The models of the source article ("Single-Machine Model Parallel Best
 Practices"), written without device names: each model takes its two devices
 as arguments and defaults to :func:`default_devices`, which gives ``cuda:0``
 and ``cuda:1`` when the machine has two GPUs and the CPU twice otherwise. On

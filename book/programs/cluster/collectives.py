@@ -4,7 +4,7 @@ Run on each node K of 2 (ranks 0..L-1 on node 0, L..2L-1 on node 1):
   GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 2 --node-rank K \\
       --rdzv-endpoint NODE0_ADDR:29500 collectives.py --out result.json
 
-Three measurements, each repeated and its fastest kept:
+Four measurements, each repeated and its fastest kept:
 1. a sweep of point-to-point sends from rank 0 (node 0) to rank L (node 1): the time of
    n bytes is fitted as alpha + n / beta (the link's latency and bandwidth); the same
    from rank 0 to rank 1 (inside node 0: loopback);
