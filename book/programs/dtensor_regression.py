@@ -1,4 +1,4 @@
-"""The seed's linear regression as SBP on DTensor, boxing by hand, and a tensor-parallel layer.
+"""The source's linear regression as SBP on DTensor, boxing by hand, and a tensor-parallel layer.
 
 Run:  torchrun --standalone --nproc-per-node=4 dtensor_regression.py
 

@@ -72,8 +72,8 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
                                              "1.07 (4.02 s vs 3.75 s, GPUs)", "~1.0 on CPU"),
         "bubble_efficiency": Anchor("pipeline speed-up / 2 (work per core); can pass bubble_bound", "", ""),
         "stage_work_efficiency": Anchor("m (s0 + s1) / (2 x step): micro-batches' work / core", "", "<= bubble_bound"),
-        "bubble_bound": Anchor("m/(m+p-1) for the best seed-split run", "", ""),
-        "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the seed split", "", ""),
+        "bubble_bound": Anchor("m/(m+p-1) for the best run at the source's split", "", ""),
+        "stage_balance_bound": Anchor("(s0+s1) / (2 max(s0, s1)) at the source's split", "", ""),
         "threads2_speedup": Anchor("1 process x 2 threads / 1 thread", "1.81 (128x128)", ""),
     },
     "pipeline_schedules": {

@@ -4,18 +4,18 @@ One run of two processes (one thread each, the same allocator settings) measures
 side by side, ResNet50 with random weights, channels-last, SGD:
 
 * one process with one thread running the whole model (the baseline);
-* the seed's naive model parallelism, both halves on the CPU, one thread;
-* the 2-process pipeline (gloo, one stage per process) at the seed's split,
+* the source's naive model parallelism, both halves on the CPU, one thread;
+* the 2-process pipeline (gloo, one stage per process) at the source's split,
   1F1B and GPipe, over a sweep of micro-batch sizes;
 * the same with the split point that balances the two stages' measured times;
 * one process with two threads (what the two cores give without pipelining).
 
 The one-process cases run on rank 0 while rank 1 waits; all cases run in
 interleaved rounds, and each case reports the median of its timed steps with the
-fastest and slowest (the chart's error bars). The full run is the seed's sweep:
-ResNet50 on 128x128 images, batch 120, the 1F1B pipeline at the seed's cut for
-each of the seed's split sizes (:data:`SEED_SPLIT_SIZES`), 2 rounds x 3 timed
-steps per case. (The seed swept its one-process ``PipelineParallelResNet50`` on
+fastest and slowest (the chart's error bars). The full run is the source's sweep:
+ResNet50 on 128x128 images, batch 120, the 1F1B pipeline at the source's cut for
+each of the source's split sizes (:data:`SEED_SPLIT_SIZES`), 2 rounds x 3 timed
+steps per case. (The source swept its one-process ``PipelineParallelResNet50`` on
 two GPUs; on a CPU only one process per stage overlaps, so that is what is swept.)
 ``--quick`` uses 64x64 images, batch 64 and micro-batches of 16 and 32, one round
 of 2 steps. ``python -m ddpguide.bench.pipeline --image-size 224`` runs at full size.
@@ -52,8 +52,8 @@ class Plan:
 
     image_size: int
     batch: int
-    sizes: tuple[int, ...]            # micro-batch sizes for 1F1B at the seed's split
-    gpipe_sizes: tuple[int, ...]      # ... for GPipe at the seed's split
+    sizes: tuple[int, ...]            # micro-batch sizes for 1F1B at the source's split
+    gpipe_sizes: tuple[int, ...]      # ... for GPipe at the source's split
     balanced_sizes: tuple[int, ...]   # ... for 1F1B at the balanced split
     rounds: int = 1
     repeats: int = 2
@@ -70,10 +70,10 @@ class Plan:
                 *(Case("pipeline", "1f1b", s, BALANCED) for s in self.balanced_sizes)]
 
 
-#: The seed's split sizes at its batch of 120 (every one divides 120, as the library needs).
+#: The source's split sizes at its batch of 120 (every one divides 120, as the library needs).
 SEED_SPLIT_SIZES = (1, 3, 5, 8, 10, 12, 20, 40, 60)
 
-# Quick: small images and few cases. Full: the seed's sweep (128x128 images, batch 120);
+# Quick: small images and few cases. Full: the source's sweep (128x128 images, batch 120);
 # the balanced cut is profiled at 20 samples, above the CPU's small-batch cliff.
 QUICK = Plan(64, 64, (16, 32), (16,), (16, 32), rounds=1, repeats=2)
 FULL = Plan(128, 120, SEED_SPLIT_SIZES, (20,), (20, 40), rounds=2, repeats=3)
@@ -122,7 +122,7 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
                    f"{r['split_size']} (m={m})", r["seconds"] * 1e3, "ms/step", case=case, **r,
                    microbatches=m)
     seed_cut = names.index(SEED_SPLIT)
-    for label, cut in (("seed split", seed_cut), ("balanced split", names.index(balanced))):
+    for label, cut in (("source's split", seed_cut), ("balanced split", names.index(balanced))):
         for stage, seconds in enumerate(stage_times(blocks, cut)):
             report.add(f"{label} (stage 1 from {names[cut]}): stage {stage} time per micro-batch "
                        f"of {plan.profile_size}", seconds * 1e3, "ms cpu")
@@ -142,15 +142,15 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
         report.ratios["stage_work_efficiency"] = m * (s0 + s1) / (2 * best_seed["seconds"])
     report.notes += [
         "speed-ups are time ratios against 1 process x 1 thread; bubble_efficiency is "
-        "pipeline_speedup / 2 (work per core) at the best seed-split run, bubble_bound its "
-        "m/(m+p-1) and stage_balance_bound (s0+s1)/(2 max(s0, s1)) of the seed split; "
+        "pipeline_speedup / 2 (work per core) at the best run at the source's split, bubble_bound its "
+        "m/(m+p-1) and stage_balance_bound (s0+s1)/(2 max(s0, s1)) of the source's split; "
         "stage times are CPU time of one thread. bubble_bound holds for the work the pipeline "
         "does, m micro-batches through both stages (stage_work_efficiency, m (s0+s1) / (2 x step), "
         "when the stages were timed at the run's micro-batch size); bubble_efficiency measures "
         "against one process on the whole batch, which costs more than the micro-batches' sum "
         "when a small batch is cheaper per sample, and can then exceed it",
         f"balanced split: stage 1 from {balanced}"
-        + (" (the seed's own cut is already the most balanced)" if balanced == SEED_SPLIT else ""),
+        + (" (the source's own cut is already the most balanced)" if balanced == SEED_SPLIT else ""),
         f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} "
         "cores: other programs running distort the ratios (two processes get a larger share)",
         "",
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                            description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--image-size", type=integer(MIN_IMAGE_SIZE), default=None,
-                        help="default 64 (quick) or 128 (full, the seed's); 224 for full-size images")
+                        help="default 64 (quick) or 128 (full, the source's); 224 for full-size images")
     parser.add_argument("--batch", type=integer(1), default=None,
                         help="samples per step; needs a micro-batch size of 8 or more dividing it")
     parser.add_argument("--contiguous", action="store_true", help="NCHW instead of channels-last")

@@ -81,7 +81,7 @@ def channels_last_stages(stages: Sequence[nn.Module]) -> list[nn.Sequential]:
 
 
 def balanced_split_point(block_times: list[float], names: list[str]) -> str:
-    """The first block of stage 1 that best balances two stages (may be the seed's own cut)."""
+    """The first block of stage 1 that best balances two stages (may be the source's own cut)."""
     return names[balanced_split(block_times, 2)[0]]
 
 
@@ -187,7 +187,7 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
     rank0 = dist.get_rank() == 0
     if rank0:  # the suite's progress: one case for the profile, then one per case and round
         tick(f"profile of {len(names)} blocks: stage 1 from {balanced} balances them")
-    # A balanced case that resolves to the seed's cut is not measured twice.
+    # A balanced case that resolves to the source's cut is not measured twice.
     first_of: dict[str, int] = {}
     same_as = [first_of.setdefault(c.name(balanced), i) for i, c in enumerate(cases)]
     runners = [_runner(c, model, dist.get_rank(), x, y, balanced, channels_last, device)

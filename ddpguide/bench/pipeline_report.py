@@ -1,4 +1,4 @@
-"""Reading a pipeline benchmark run: the sweep as rows, stage times, the plot, the seed's table.
+"""Reading a pipeline benchmark run: the sweep as rows, stage times, the plot, the source's table.
 
 The inputs are what :func:`ddpguide.bench.pipeline_cases.measure` returns (or a report
 saved as JSON, :func:`sweep_from_report`); the outputs are plain rows and numbers, a
@@ -27,7 +27,7 @@ def spread(samples: list[float]) -> dict:
 def pipeline_rows(measured: dict) -> list[dict]:
     """The pipeline cases of :func:`.pipeline_cases.measure` as rows (schedule, split_size,
     split_point, and the median, min and max seconds of its timed steps), the balanced split
-    resolved and duplicates of the seed's cut dropped."""
+    resolved and duplicates of the source's cut dropped."""
     rows = {}
     for case, samples in measured["samples"].items():
         if case.kind == "pipeline":
@@ -112,20 +112,20 @@ def plot_sweep(rows: list[dict], baselines: dict, title: str, path: str | None =
 
 
 def seed_table(single: float, model_parallel: float, best_seed: dict, best_balanced: dict) -> list[str]:
-    """The seed's comparison, its GPU seconds next to this machine's milliseconds."""
+    """The source's comparison, its GPU seconds next to this machine's milliseconds."""
     s = SEED_SECONDS
     rows = [
         ("one device", f"{s['single']:.2f} s", f"{single * 1e3:.0f} ms (1 process x 1 thread)"),
         ("model parallel", f"{s['model_parallel']:.2f} s ({s['model_parallel'] / s['single']:.2f}x time)",
          f"{model_parallel * 1e3:.0f} ms ({model_parallel / single:.2f}x time)"),
         ("pipelined", f"{s['pipeline_split20']:.2f} s ({s['single'] / s['pipeline_split20']:.2f}x, split 20)",
-         f"{best_seed['seconds'] * 1e3:.0f} ms ({single / best_seed['seconds']:.2f}x, seed split, "
+         f"{best_seed['seconds'] * 1e3:.0f} ms ({single / best_seed['seconds']:.2f}x, source's split, "
          f"micro-batch {best_seed['split_size']})"),
         ("pipelined, best",
          f"{s['pipeline_split12']:.2f} s ({s['single'] / s['pipeline_split12']:.2f}x, split 12)",
          f"{best_balanced['seconds'] * 1e3:.0f} ms ({single / best_balanced['seconds']:.2f}x, stage 1 "
          f"from {best_balanced['split_point']}, micro-batch {best_balanced['split_size']})"),
     ]
-    lines = [f"{'':16}  {'seed: 2 GPUs, 128x128, batch 120':34}  this machine: CPU processes"]
+    lines = [f"{'':16}  {'source: 2 GPUs, 128x128, batch 120':34}  this machine: CPU processes"]
     lines += [f"{name:16}  {gpu:34}  {cpu}" for name, gpu, cpu in rows]
     return lines

@@ -2,7 +2,7 @@
 
 ``python -m ddpguide.bench sharding [--quick] [--json FILE]``
 
-Every case (a strategy at a world size) runs in fresh processes, one after
+Every case (a strategy at a world size) runs in processes of its own, one after
 another in one run, on the same MLP of 20-50 M parameters (wide layers, a
 small batch, so that model state dominates memory), trained with Adam:
 
@@ -81,10 +81,17 @@ def _glibc():
     return None
 
 
-# Memory first: every block of 1 MiB or more gets its own mapping, returned to the OS
-# when freed, so the resident set follows the live tensors.
-MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MIB)}
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+
+
+def _memory_first_allocator() -> None:
+    """Memory first: from here on every block of 1 MiB or more gets its own mapping, returned
+    to the OS when freed, so that the resident set follows the live tensors (glibc's
+    ``MALLOC_MMAP_THRESHOLD_``, set in the rank itself, so that a rank forked from a warm
+    server measures what a fresh interpreter would)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, MIB)
 
 
 def _release_free_memory() -> None:
@@ -130,6 +137,7 @@ def _model(name: str, widths: tuple[int, ...], device: torch.device):
 
 def case_worker(name: str, widths: tuple[int, ...], batch: int, warmup: int, steps: int) -> dict:
     """One rank of one case: state bytes, peak bytes of one step, median step seconds."""
+    _memory_first_allocator()
     device = worker_device()
     cuda = device.type == "cuda"
     torch.manual_seed(dist.get_rank())
@@ -174,7 +182,7 @@ def case_worker(name: str, widths: tuple[int, ...], batch: int, warmup: int, ste
 
 def _run_case(name: str, world: int, widths, batch: int, warmup: int, steps: int) -> dict:
     ranks = spawn(case_worker, world, name, widths, batch, warmup, steps, threads_per_rank=1,
-                  env=MEMORY_ENV, echo=False, timeout=600)
+                  echo=False, timeout=600)
     state = [sum(r["state"][k] for k in ("params", "grads", "optimizer")) for r in ranks]
     return {"state": max(state), "peak": max(r["peak"] for r in ranks),
             "step": max(r["step"] for r in ranks), "method": ranks[0]["method"],

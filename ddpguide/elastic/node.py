@@ -6,7 +6,7 @@ anything wrong, before anything is started or written): torchrun's argument
 parser and ``LaunchConfig``, launched with
 ``torch.distributed.launcher.api.elastic_launch`` (what ``torchrun`` itself
 calls), with the package's tuned rendezvous settings, the store-sharing
-workaround and workers forked from a warm forkserver. The seed's two-machine
+workaround and workers forked from a warm forkserver. The source's two-machine
 run becomes, on every machine::
 
     python -m ddpguide.elastic node --nnodes 1:3 --nproc-per-node 4 \\

@@ -3,7 +3,7 @@
 ``node`` mode forks it from a warm forkserver (:func:`elastic_entry`); plain
 ``torchrun ... -m ddpguide.elastic.worker`` execs it (:func:`main`).
 
-It is the book's training loop (:func:`ddpguide.train.loop.fit`) on the seed's toy
+It is the book's training loop (:func:`ddpguide.train.loop.fit`) on the source's toy
 model, with the DDP strategy (or, with ``--strategy fsdp``, FSDP2:
 :class:`ddpguide.sharding.fsdp_strategy.FSDP2`), with three additions that make elasticity safe and visible:
 
@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> WorkerArgs:
 
 
 def toy_data(samples: int, test_samples: int = 128, seed: int = 0):
-    """The seed's toy problem made learnable: 10 features, 5 classes from a fixed linear map."""
+    """The source's toy problem made learnable: 10 features, 5 classes from a fixed linear map."""
     import torch
     from torch.utils.data import TensorDataset
 

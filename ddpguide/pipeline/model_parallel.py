@@ -38,7 +38,7 @@ def _two_devices(devices: Devices | None) -> tuple[torch.device, torch.device]:
 
 
 class TwoDeviceToyModel(ToyModel):
-    """The seed's toy model with ``net1`` on the first device and ``net2`` on the second.
+    """The source's toy model with ``net1`` on the first device and ``net2`` on the second.
 
     The same layers as :class:`ddpguide.core.models.ToyModel` (so the two load
     each other's state dicts); only where they live and the forward differ.
@@ -58,7 +58,7 @@ class TwoDeviceToyModel(ToyModel):
 
 class ModelParallelResNet50(ResNet):
     """torchvision's ResNet50 cut after ``layer2``: stem..layer2 on the first device,
-    layer3..fc on the second (the seed's split).
+    layer3..fc on the second (the source's split).
 
     ``seq1``/``seq2`` hold the same modules as the ResNet attributes, so the
     parameters are shared, not copied; :func:`unsplit_resnet50` gives the plain
@@ -80,7 +80,7 @@ class ModelParallelResNet50(ResNet):
 
 
 class PipelineParallelResNet50(ModelParallelResNet50):
-    """The split ResNet50 fed in micro-batches of ``split_size`` samples (the seed's
+    """The split ResNet50 fed in micro-batches of ``split_size`` samples (the source's
     pipelining), so that device 0 can start on micro-batch i+1 while device 1 works
     on micro-batch i.
 

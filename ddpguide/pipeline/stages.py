@@ -4,7 +4,7 @@ This module cuts a model into stages and a batch into micro-batches:
 
 * **stage splitting**: a model as a flat list of named blocks
   (:func:`model_blocks`) cut at configurable split points
-  (:func:`split_model`); for ResNet50 the seed's cut is before ``layer3.0``;
+  (:func:`split_model`); for ResNet50 the source's cut is before ``layer3.0``;
 * **micro-batches** and the loss they share (:func:`batch_loss`).
 
 The library's schedules are in :mod:`ddpguide.pipeline.schedules`, the same
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models.resnet import ResNet
 
-# The seed's cut, as the name of the first block of the second stage.
+# The source's cut, as the name of the first block of the second stage.
 SEED_SPLIT = "layer3.0"
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -70,7 +70,7 @@ def split_model(model: nn.Module, split_points: Sequence[int | str] = (SEED_SPLI
     """Cut ``model`` into ``len(split_points) + 1`` stages (the blocks are shared, not copied).
 
     Each split point names the first block of the next stage, e.g. ``"layer3.0"``
-    (the seed's ResNet50 cut) or ``"layer3.1"`` (one more block on stage 0).
+    (the source's ResNet50 cut) or ``"layer3.1"`` (one more block on stage 0).
     """
     blocks = model_blocks(model)
     cuts = [split_index(blocks, p) for p in split_points]

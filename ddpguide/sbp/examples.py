@@ -1,5 +1,5 @@
 """The SBP chapter's worked examples, run on every rank through
-:func:`ddpguide.sbp.workers.run`: the seed's linear regression as data
+:func:`ddpguide.sbp.workers.run`: the source's linear regression as data
 parallelism in SBP terms and a tensor-parallel layer (both the code of
 ``book/programs/dtensor_regression.py``, imported from there with
 :func:`ddpguide.launch.programs.load`, afresh on each call, so an edited program is what

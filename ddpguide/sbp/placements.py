@@ -49,7 +49,7 @@ class SBPError(ValueError):
     """A placement or SBP does not fit the tensor or the cluster."""
 
 
-# The seed's vocabulary, as DTensor placements.
+# The source's vocabulary, as DTensor placements.
 B = broadcast = Replicate()
 P = partial_sum = Partial("sum")
 

@@ -210,7 +210,7 @@ def comparison_rows(records: list[dict], backend: str) -> list[dict]:
 
 @part
 def seed_2d(seed: int = 0) -> dict:
-    """The seed's 2x2 example: (broadcast, split(0)) for data, broadcast for the model."""
+    """The source's 2x2 example: (broadcast, split(0)) for data, broadcast for the model."""
     grid = placement([[0, 1], [2, 3]])
     a = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     a_local = to_global(a, grid, (B, S(0))).to_local()

@@ -1,4 +1,4 @@
-"""The pipeline benchmark: the full plan is the seed's sweep; medians, ranges and the saved chart."""
+"""The pipeline benchmark: the full plan is the source's sweep; medians, ranges and the saved chart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reading a pipeline run: rows, stage times, the sweep plot and the seed's table, from
+"""Reading a pipeline run: rows, stage times, the sweep plot and the source's table, from
 synthetic measurements (the numbers are made up; what is done with them is not)."""
 
 from __future__ import annotations
@@ -35,6 +35,6 @@ def test_the_seed_table_sets_this_machine_beside_the_seed():
         "one device", "model parallel", "pipelined", "pipelined, best"]
     assert lines[1].rstrip().endswith("200 ms (1 process x 1 thread)")
     assert lines[2].endswith("250 ms (1.25x time)")
-    assert lines[3].endswith("100 ms (2.00x, seed split, micro-batch 16)")
+    assert lines[3].endswith("100 ms (2.00x, source's split, micro-batch 16)")
     assert lines[4].endswith("80 ms (2.50x, stage 1 from layer2.3, micro-batch 32)")
     assert "3.75 s" in lines[1] and "4.02 s (1.07x time)" in lines[2]

@@ -66,7 +66,7 @@ def test_static_two_nodes_reproduce_the_seed_table():
     assert nodes.ok, [r.lines()[-20:] for r in nodes.runs]
     rows = [(r["node_name"], int(r["GROUP_RANK"]), int(r["LOCAL_RANK"]), int(r["RANK"]))
             for r in nodes.records]
-    # seed table 5-1: machine 0 holds ranks 0, 1 and machine 1 ranks 2, 3; local ranks 0, 1 on each
+    # the source's table 5-1: machine 0 holds ranks 0, 1 and machine 1 ranks 2, 3; local ranks 0, 1 on each
     assert rows == [("node-A", 0, 0, 0), ("node-A", 0, 1, 1),
                     ("node-B", 1, 0, 2), ("node-B", 1, 1, 3)]
     for r in nodes.records:

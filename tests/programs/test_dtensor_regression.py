@@ -1,4 +1,4 @@
-"""dtensor_regression.py: the seed's regression as SBP, boxing by hand, a tensor-parallel layer."""
+"""dtensor_regression.py: the source's regression as SBP, boxing by hand, a tensor-parallel layer."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from ddpguide.sbp import placements as sbp
 from ddpguide.sbp.placements import B, P, S, SBPError
 from ddpguide.sbp.workers import run
 
-# The seed's samples, from the program the chapter shows (book/programs/dtensor_regression.py).
+# The source's samples, from the program the chapter shows (book/programs/dtensor_regression.py).
 SEED_X, SEED_Y = programs.load(examples.PROGRAM).SEED_X, programs.load(examples.PROGRAM).SEED_Y
 
 WORLD = 4
