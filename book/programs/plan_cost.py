@@ -117,6 +117,7 @@ class Hardware:
     collective_seconds: float = 0.0  # per collective call, beyond alpha
     matmul: list = field(default_factory=list)  # measured [m, k, n, FLOP/s] a rank
     ceiling: float = 1.0  # the best matmul rate / peak (MAMF) where no shape was measured
+    ceiling_float8: float = 0.0  # the same for float8 matmuls (0: ceiling)
     attention: float = 0.0  # FLOP/s of the attention kernel (0: as a matmul of its shape)
     attention_backward: float = 0.0  # FLOP/s of its backward, counted as 2.5 x the forward's (0: the same)
     backend: str = "nccl"  # gloo reduce-scatters by an all-reduce
@@ -124,6 +125,9 @@ class Hardware:
     overlap: bool = True  # an asynchronous all-reduce (DDP's) runs while the backward computes
     cores: float = 0.0  # cores all the ranks share, measured with every rank busy (0: a device each)
     sweep: dict = field(default_factory=dict)  # the samples the links were fitted to (plan_cost.py --sweep)
+    # measured bus bandwidth (bytes/s) of a collective over whole nodes, by how many nodes it spans:
+    # {kind: [[nodes, bytes/s], ...]}; where a kind is listed it replaces the link's beta
+    bus: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
 
 
@@ -134,7 +138,8 @@ def matmul_rate(hw, m, k, n, float8=False):
         def distance(row):
             return sum(math.log(a / b) ** 2 for a, b in zip(row[:3], (m, k, n)))
         return min(hw.matmul, key=distance)[3]
-    peak = (hw.peak_float8 if float8 and hw.peak_float8 else hw.peak) * hw.ceiling
+    fp8 = float8 and hw.peak_float8
+    peak = hw.peak_float8 * (hw.ceiling_float8 or hw.ceiling) if fp8 else hw.peak * hw.ceiling
     flops, moved = 2 * m * k * n, 2 * (m * k + k * n + m * n)
     return flops / max(flops / peak, moved / hw.bandwidth)
 
@@ -341,10 +346,27 @@ def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
         return 0.0
     level, share = link(hw, lay, axes)
     alpha, beta, burst = (list(hw.links[level]) + [0.0])[:3]
+    if kind in hw.bus:  # measured over this many nodes: its beta, nothing shared on top
+        spans = len({r // hw.gpus_per_node for r in members(lay, axes)})
+        beta, share, burst = 1 / bus_rate(hw.bus[kind], spans), 1.0, 0.0
     steps, wire = ring(kind, n, hw.backend == "gloo")
     credit = min(burst, gap / beta) if beta else burst
     return calls * (alpha * steps + hw.collective_seconds
                     + beta * max(0.0, share * wire * call_bytes - credit))
+
+
+def bus_rate(table, nodes):
+    """Bytes/s of a measured bus bandwidth at this many nodes: linear in log-log between the
+    measured node counts, the nearest one outside them."""
+    (n0, b0), *rest = sorted(table)
+    if nodes <= n0 or not rest:
+        return b0
+    for n1, b1 in rest:
+        if nodes <= n1:
+            t = math.log(nodes / n0) / math.log(n1 / n0)
+            return math.exp(math.log(b0) + t * math.log(b1 / b0))
+        n0, b0 = n1, b1
+    return b0
 
 
 def microbatch(m, lay, pol, hw, rows, seq, stage):

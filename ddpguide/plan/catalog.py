@@ -46,50 +46,72 @@ _FA = ("FlashAttention-3, arXiv 2407.08608, figure 5: FlashAttention-2 on H100 S
        "head dim 128, about 350 TFLOPS forward")
 _FA_BWD = ("FlashAttention-3, arXiv 2407.08608, figure 'Attention backward speed, head dim 128 (H100 80GB "
            "SXM5)': FlashAttention-2 318 TFLOPS at 8k, 322 at 16k (FLOPs counted as 2.5 x the forward's)")
-_MAMF = ("stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul "
-         "FLOPS comparison table' (bf16)")
+_MAMF = ("stas00/ml-engineering compute/accelerator/README.md @ 744d01e18b79512572f64a6bbd8b5f4a725203a7, "
+         "'Maximum Achievable Matmul FLOPS comparison table'")
 #: name -> the hardware's figures (plan_cost.Hardware fields) and their sources
 HARDWARE: dict[str, dict] = {
     "H100": dict(name="H100", peak=989e12, peak_float8=1979e12, memory=80e9, bandwidth=3.35e12,
                  gpus_per_node=8, links={"node": [3e-6, 1 / 450e9], "net": [10e-6, 1 / 50e9]},
-                 collective_seconds=10e-6, ceiling=0.801, overlap=True, attention=350e12,
-                 attention_backward=320e12,
+                 collective_seconds=10e-6, ceiling=0.803, ceiling_float8=0.709, overlap=True,
+                 attention=350e12, attention_backward=320e12,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, H100 SXM (dense bf16, fp8)",
                           "attention": _FA, "attention backward": _FA_BWD,
                           "node link": "NVLink 4: 900 GB/s both ways, 450 each",
                           "net link": "400 Gb/s a GPU (ConnectX-7)",
-                          "ceiling": f"{_MAMF}: H100 SXM 792.1 of 989 TFLOPS",
+                          "ceiling": f"{_MAMF}: H100 SXM, bf16 794.5 of 989 TFLOPS, float8 1402.6 of 1979",
                           "alpha, per-call": "assumed: NCCL's few-microsecond latencies"}),
     "H200": dict(name="H200", peak=989e12, peak_float8=1979e12, memory=141e9, bandwidth=4.8e12,
                  gpus_per_node=8, links={"node": [3e-6, 1 / 450e9], "net": [10e-6, 1 / 50e9]},
-                 collective_seconds=10e-6, ceiling=0.801, overlap=True, attention=350e12,
-                 attention_backward=320e12,
+                 collective_seconds=10e-6, ceiling=0.803, ceiling_float8=0.734, overlap=True,
+                 attention=350e12, attention_backward=320e12,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, H200 SXM", "attention": _FA,
                           "attention backward": _FA_BWD,
                           "node link": "NVLink 4, 450 GB/s each way", "net link": "400 Gb/s a GPU",
-                          "ceiling": "H100's (the same compute die)",
+                          "ceiling": f"{_MAMF}: bf16 H100 SXM's ('H200 is the same'), float8 H200 SXM 1453.4 "
+                                     "of 1979",
                           "alpha, per-call": "assumed"}),
     "A100": dict(name="A100", peak=312e12, memory=80e9, bandwidth=2.039e12, gpus_per_node=8,
                  links={"node": [3e-6, 1 / 300e9], "net": [10e-6, 1 / 25e9]},
-                 collective_seconds=10e-6, ceiling=0.859, overlap=True,
+                 collective_seconds=10e-6, ceiling=0.869, overlap=True,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, A100 SXM 80GB",
                           "node link": "NVLink 3: 600 GB/s both ways", "net link": "200 Gb/s a GPU (HDR)",
-                          "ceiling": f"{_MAMF}: A100 SXM 267.9 of 312", "alpha, per-call": "assumed"}),
+                          "ceiling": f"{_MAMF}: A100 SXM 271.2 of 312", "alpha, per-call": "assumed"}),
     "B200": dict(name="B200", peak=2.25e15, peak_float8=4.5e15, memory=180e9, bandwidth=7.7e12,
                  gpus_per_node=8, links={"node": [3e-6, 1 / 900e9], "net": [10e-6, 1 / 50e9]},
-                 collective_seconds=10e-6, ceiling=0.801, overlap=True,
+                 collective_seconds=10e-6, ceiling=0.776, ceiling_float8=0.763, overlap=True,
                  sources={"peak, memory, bandwidth": f"{_NVIDIA}, HGX B200 (dense)",
                           "node link": "NVLink 5: 1.8 TB/s both ways", "net link": "400 Gb/s a GPU",
-                          "ceiling": "assumed H100's (no published MAMF here)", "alpha, per-call": "assumed"}),
+                          "ceiling": f"{_MAMF}: B200 SXM, bf16 1745.0 of 2250, float8 3432.5 of 4500",
+                          "alpha, per-call": "assumed"}),
 }
 # torchtitan's benchmark machines (benchmarks/llama3_h100_202412_torchtitan.md): H100 with
 # 96 GB HBM2e at 2.4 TB/s, 500 W; "the actual peak TFLOPs number is between SXM and NVL":
-# the midpoint of 989 (SXM) and 835 (NVL) dense bf16 is taken here
+# the midpoint of 989 (SXM) and 835 (NVL) dense bf16 is taken here, and the attention kernel's
+# rates, measured on an SXM, are scaled by the same ratio (the clock)
+_TITAN = 912 / 989
 HARDWARE["H100-titan"] = {**HARDWARE["H100"], "name": "H100-titan", "memory": 96e9, "bandwidth": 2.4e12,
-                          "peak": 912e12, "peak_float8": 1824e12,
+                          "peak": 912e12, "peak_float8": 1824e12, "attention": 350e12 * _TITAN,
+                          "attention_backward": 320e12 * _TITAN,
                           "sources": {**HARDWARE["H100"]["sources"],
                                       "peak, memory, bandwidth": "torchtitan benchmarks/"
-                                      "llama3_h100_202412_torchtitan.md (peak: SXM/NVL midpoint)"}}
+                                      "llama3_h100_202412_torchtitan.md (peak: SXM/NVL midpoint)",
+                                      "attention": f"{_FA}; times 912/989", "attention backward":
+                                      f"{_FA_BWD}; times 912/989"}}
+# the Playbook's cluster: H100 SXM nodes whose collectives the Playbook measured (256 MB, the median
+# of its runs) over 1 to 64 whole nodes of 8 GPUs: bus bandwidth in GB/s by the nodes spanned
+_PLAYBOOK_NODES = (1, 2, 4, 8, 16, 32, 64)
+_PLAYBOOK_BUS = {"all_reduce": (436.0, 361.7, 160.1, 99.6, 84.7, 64.9, 32.9),
+                 "all_gather": (249.8, 184.6, 119.0, 69.0, 55.0, 28.0, 11.0),
+                 "reduce_scatter": (249.7, 181.6, 115.8, 68.6, 54.5, 27.9, 11.1)}
+HARDWARE["H100-playbook"] = {
+    **HARDWARE["H100"], "name": "H100-playbook",
+    "bus": {kind: [[n, gb * 1e9] for n, gb in zip(_PLAYBOOK_NODES, row)] for kind, row in _PLAYBOOK_BUS.items()},
+    "sources": {**HARDWARE["H100"]["sources"],
+                "bus": ("the Ultra-Scale Playbook, section 'Pipeline Parallelism', figure 'Communication "
+                        "Bandwidth by Number of Nodes (size=256MB)' (median); its data: "
+                        "https://github.com/vinjn/nanotron-ultrascale-playbook/blob/"
+                        "e3bcfc5c0b177d5f259a65465ddf0f880c71577f/assets/data/benchmarks/pp_comm_bandwidth.html"),
+                "net link": "the H100's, for what the Playbook did not measure (send, all-to-all)"}}
 
 #: name -> bytes per element (plan_cost.Policy fields)
 POLICIES: dict[str, dict] = {

@@ -10,7 +10,9 @@
   stage) that reached the highest MFU among the thousands of runs it made with nanotron,
   sequence 4,096, global batch 1M tokens. The figures are the text of the playbook's
   heatmap (``assets/images/what_we_learnt_heatmap.svg``, whose labels are glyphs: read
-  back from their character codes). The model shapes are nanotron's benchmark script's.
+  back from their character codes). The model shapes are nanotron's benchmark script's. They
+  are predicted on ``H100-playbook``: the data sheet, with the bus bandwidths of all-reduce,
+  all-gather and reduce-scatter that the Playbook measured on its cluster over 1 to 64 nodes.
 * picotron's two MFU figures (``PICOTRON``), from its README, which gives no layout: each
   is set against the planner's best layout at the README's micro-batch settings.
 
@@ -133,8 +135,9 @@ def _mfu(p, model, layout, hw, batch: int, seq: int) -> tuple[float, dict]:
     return out["tokens_per_gpu"] * flops_per_token(model, seq) / PEAK_MFU * 100, out
 
 
-def _playbook(p: ModuleType, catalog) -> list[dict]:
-    hw = catalog.hardware(p, "H100")
+def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
+    """The Playbook's rows, predicted on ``hardware`` (its cluster as it measured it, or a data sheet)."""
+    hw = catalog.hardware(p, hardware)
     rows = []
     for nodes, name, dp, tp, pp, gas, mbs, zero, mfu, gb in PLAYBOOK:
         layout = playbook_layout(p, dp, tp, pp, gas, zero)
@@ -191,7 +194,7 @@ def compare(p: ModuleType) -> list[dict]:
     """Every published row beside the planner's prediction of it (tokens/s a GPU or MFU)."""
     from ddpguide.plan import catalog
 
-    return _torchtitan(p, catalog) + _playbook(p, catalog) + _picotron(p, catalog)
+    return _torchtitan(p, catalog) + playbook(p, catalog) + _picotron(p, catalog)
 
 
 def choices(p: ModuleType) -> list[dict]:
@@ -200,7 +203,7 @@ def choices(p: ModuleType) -> list[dict]:
 
     out = []
     for nodes, name, dp, tp, pp, gas, mbs, _zero, mfu, _ in PLAYBOOK:
-        chosen = best(p, catalog, name, 8 * nodes, dp * gas * mbs, PLAYBOOK_SEQ)
+        chosen = best(p, catalog, name, 8 * nodes, dp * gas * mbs, PLAYBOOK_SEQ, "H100-playbook")
         out.append({"model": name, "nodes": nodes, "theirs": f"DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs}",
                     "their_mfu": mfu, "planner": chosen["technique"] if chosen else "none fits",
                     "planner_mfu": chosen["mfu"] if chosen else float("nan")})

@@ -144,6 +144,35 @@ def test_published_rows_are_predicted(p):
         assert round(numel / 1e9, 2 if billions < 10 else 1) == billions, (name, numel)
 
 
+def test_published_median_within_goal(p):
+    """Chapter 16's claim: over the 46 published rows the median predicted / reported is
+    within 0.8-1.25, and the one row outside 0.5-2 is the Playbook's 80B model on 4 nodes."""
+    rows = published.compare(p)
+    summary = published.summary(rows)
+    assert 0.8 <= summary["median"] <= 1.25, summary
+    assert [r["key"] for r in rows if not 0.5 <= r["ratio"] <= 2] == ["playbook, playbook-80b, 4 nodes"]
+
+
+def test_measured_bus_bandwidth_replaces_the_links_beta(p):
+    """H100-playbook: a collective over k whole nodes pays its bytes at the bus bandwidth the
+    Playbook measured over k nodes (log-log between measured counts), plus alpha a message and
+    the per-call overhead; float8 matmuls run at their own share of the float8 peak."""
+    hw = catalog.hardware(p, "H100-playbook")
+    lay = p.Layout(dp_replicate=32)  # 4 nodes of 8
+    alpha = hw.links["net"][0]
+    got = p.collective(hw, lay, "all_gather", 2**28, ("dp_replicate",))
+    assert math.isclose(got, 31 * alpha + hw.collective_seconds + 31 / 32 * 2**28 / 119.0e9, rel_tol=1e-12)
+    three = p.bus_rate(hw.bus["all_reduce"], 3)  # between 2 (361.7) and 4 (160.1) nodes
+    assert math.isclose(three, 361.7e9 * (160.1 / 361.7) ** math.log2(1.5), rel_tol=1e-12)
+    assert p.bus_rate(hw.bus["all_reduce"], 128) == 32.9e9 and p.bus_rate(hw.bus["all_reduce"], 1) == 436e9
+    sheet = catalog.hardware(p, "H100")  # no table: the link's beta, as before
+    assert math.isclose(p.collective(sheet, lay, "all_gather", 2**28, ("dp_replicate",)),
+                        31 * alpha + sheet.collective_seconds + 31 / 32 * 2**28 / 50e9, rel_tol=1e-12)
+    big = 2 * 8192**3
+    assert math.isclose(big / p.matmul_rate(hw, 8192, 8192, 8192, float8=True), big / (1979e12 * 0.709))
+    assert math.isclose(big / p.matmul_rate(hw, 8192, 8192, 8192), big / (989e12 * 0.803))
+
+
 @pytest.mark.multiprocess
 def test_fsdp_mem_tracker_agrees_on_parameters_and_adamw():
     """torch's FSDPMemTracker runs on the CPU: at its peak it holds exactly the predicted sharded
