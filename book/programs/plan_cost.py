@@ -125,8 +125,10 @@ class Hardware:
     overlap: bool = True  # an asynchronous all-reduce (DDP's) runs while the backward computes
     cores: float = 0.0  # cores all the ranks share, measured with every rank busy (0: a device each)
     sweep: dict = field(default_factory=dict)  # the samples the links were fitted to (plan_cost.py --sweep)
-    # measured bus bandwidth (bytes/s) of a collective over whole nodes, by how many nodes it spans:
-    # {kind: [[nodes, bytes/s], ...]}; where a kind is listed it replaces the link's beta
+    # measured bus bandwidth (bytes/s) of one collective over every GPU of 1, 2, 4... nodes:
+    # {kind: [[nodes, bytes/s], ...]}. A listed kind pays its bytes at the figure for the nodes
+    # its group spans, in place of the link's beta, sharing and burst (the measurement ran
+    # over whole nodes: the links of each node are in the figure already)
     bus: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
 
@@ -278,7 +280,7 @@ def memory(m, lay, pol, batch, seq, rank=0):
     whole_block = (whole - (m.vocab // lay.tp * m.dim) * (1 + (not m.tied and stage == lay.pp - 1))) / per
     rows = batch // lay.data_parallel // lay.passes
     act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage, at["cp"])
-    split = lay.dp_replicate if lay.zero and not fsdp_on(lay) else 1  # ZeRO-1
+    split = lay.dp_replicate if lay.zero and dense_n == 1 else 1  # ZeRO-1 (no axis shards the weights)
     out = {"parameters": params * pol.param, "gradients": params * pol.param,
            "optimizer": (2 * params / split + count) * pol.state,  # AdamW's two moments, a step counter each
            "activations": act}
@@ -340,13 +342,14 @@ def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
     per message in a row, the per-call overhead, and beta per byte on the busiest link (times
     the transfers sharing it), less the link's burst: the bytes it passes at once after a
     pause (a tc tbf bucket, which refills at the link's rate in the `gap` seconds of compute
-    before the call; 0 on a real link)."""
+    before the call; 0 on a real link). A kind in hw.bus pays its bytes at the bandwidth
+    measured over as many nodes as the group spans instead: no sharing, no burst."""
     n = ranks or math.prod(getattr(lay, a) for a in axes)
     if n == 1 or call_bytes <= 0 or calls <= 0:
         return 0.0
     level, share = link(hw, lay, axes)
     alpha, beta, burst = (list(hw.links[level]) + [0.0])[:3]
-    if kind in hw.bus:  # measured over this many nodes: its beta, nothing shared on top
+    if kind in hw.bus:  # measured over whole nodes: the sharing is in the figure
         spans = len({r // hw.gpus_per_node for r in members(lay, axes)})
         beta, share, burst = 1 / bus_rate(hw.bus[kind], spans), 1.0, 0.0
     steps, wire = ring(kind, n, hw.backend == "gloo")
@@ -357,7 +360,7 @@ def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
 
 def bus_rate(table, nodes):
     """Bytes/s of a measured bus bandwidth at this many nodes: linear in log-log between the
-    measured node counts, the nearest one outside them."""
+    measured node counts; outside the measured range, the nearest measured value."""
     (n0, b0), *rest = sorted(table)
     if nodes <= n0 or not rest:
         return b0

@@ -2,8 +2,8 @@
 
 * torchtitan's Llama 3.1 benchmarks on H100 (``TORCHTITAN``): each row its table, model,
   GPUs, layout, local batch, sequence, precision, activation checkpointing, and the
-  reported tokens/s a GPU and memory (GiB). Rows with torch.compile or AsyncTP are
-  predicted like eager ones: the cost model counts element-wise traffic unfused and TP's
+  reported tokens/s a GPU and memory (GiB). Rows with torch.compile or float8 count their
+  element-wise work fused; rows with AsyncTP are predicted like the others, TP's
   collectives exposed.
 * the Ultra-Scale Playbook's best configurations (``PLAYBOOK``): for each model size and
   number of 8-GPU nodes, the layout (DP, TP, PP, gradient accumulation, micro-batch, ZeRO
@@ -14,10 +14,11 @@
   are predicted on ``H100-playbook``: the data sheet, with the bus bandwidths of all-reduce,
   all-gather and reduce-scatter that the Playbook measured on its cluster over 1 to 64 nodes.
 * picotron's two MFU figures (``PICOTRON``), from its README, which gives no layout: each
-  is set against the planner's best layout at the README's micro-batch settings.
+  is set against the planner's best layout for the README's global batch.
 
-Each source's MFU is predicted the way that source counts it (its own FLOPs a token, the
-989.5 TFLOP/s H100 peak), so a ratio of MFUs is a ratio of tokens/s.
+Each source's MFU is predicted with that source's own FLOPs a token (picotron's count the
+embedding too) and the 989.5 TFLOP/s H100 peak picotron divides by (the Playbook names no
+peak: the same is taken), so a ratio of MFUs is a ratio of tokens/s.
 """
 
 from __future__ import annotations
@@ -97,11 +98,13 @@ PLAYBOOK_SEQ = 4096
 PICOTRON = (("smollm-1.7b", 8, 50.0, 4, 1024, 32), ("llama2-7b", 64, 38.0, 4, 1024, 32))
 
 
-def flops_per_token(m, seq: int) -> float:
-    """The FLOPs a token that nanotron's and picotron's MFU count: 6 x the matmul weights
-    (the head included) + 12 x layers x width x sequence (attention, no causal half)."""
+def flops_per_token(m, seq: int, embedding: bool = False) -> float:
+    """The FLOPs a token that nanotron's MFU counts (get_flops): 6 x the matmul weights (the
+    head included) + 12 x layers x width x sequence (attention, no causal half). picotron's
+    (get_mfu) count 6 x every parameter: with ``embedding``, the embedding too, apart from
+    the output projection as picotron's model keeps it (norms left out: under 0.01%)."""
     per_layer = 2 * m.dim * m.dim + 2 * m.dim * m.kv_dim + m.ffn * m.dim * (3 if m.gated else 2)
-    return 6 * (m.layers * per_layer + m.vocab * m.dim) + 12 * m.layers * m.dim * seq
+    return 6 * (m.layers * per_layer + (1 + embedding) * m.vocab * m.dim) + 12 * m.layers * m.dim * seq
 
 
 def _torchtitan(p: ModuleType, catalog) -> list[dict]:
@@ -130,9 +133,9 @@ def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: in
                     accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1)
 
 
-def _mfu(p, model, layout, hw, batch: int, seq: int) -> tuple[float, dict]:
+def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) -> tuple[float, dict]:
     out = p.predict(model, layout, p.Policy(param=4, compute=2, reduce=4, state=4), hw, batch, seq)
-    return out["tokens_per_gpu"] * flops_per_token(model, seq) / PEAK_MFU * 100, out
+    return out["tokens_per_gpu"] * flops_per_token(model, seq, embedding) / PEAK_MFU * 100, out
 
 
 def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
@@ -151,9 +154,11 @@ def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[di
     return rows
 
 
-def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_name: str = "H100"):
+def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_name: str = "H100",
+         embedding: bool = False, zeros: tuple[int, ...] = (0, 1)):
     """The planner's best layout that fits, among the ones nanotron and picotron run (DP, TP,
-    PP, gradient accumulation), for a global batch of `batch` sequences."""
+    PP, gradient accumulation; ZeRO stages ``zeros`` where there are replicas), for a global
+    batch of `batch` sequences (MFU counted as flops_per_token does with ``embedding``)."""
     from ddpguide.plan import search
 
     model, hw = catalog.model(p, name), catalog.hardware(p, hw_name)
@@ -166,23 +171,25 @@ def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_
             for gas in (g for g in (1, 2, 4, 8, 16, 32, 64, 128, 256) if (batch // dp) % g == 0):
                 if pp > 1 and gas < pp:
                     continue
-                layout = playbook_layout(p, dp, tp, pp, gas, 1 if dp > 1 else 0)
-                mfu, out = _mfu(p, model, layout, hw, batch, seq)
-                if out["peak_memory"] <= hw.memory and (found is None or mfu > found[0]):
-                    found = (mfu, layout, out)
+                for zero in zeros if dp > 1 else (0,):
+                    layout = playbook_layout(p, dp, tp, pp, gas, zero)
+                    mfu, out = _mfu(p, model, layout, hw, batch, seq, embedding)
+                    if out["peak_memory"] <= hw.memory and (found is None or mfu > found[0]):
+                        found = (mfu, layout, out)
     if found is None:
         return None
     mfu, layout, out = found
     mbs = batch // layout.data_parallel // (layout.microbatches if layout.pp > 1 else layout.accumulate)
     return {"mfu": mfu, "layout": layout, "name": search.name(layout),
             "technique": f"DP {layout.dp_replicate} TP {layout.tp} PP {layout.pp} GAS "
-                         f"{layout.microbatches if layout.pp > 1 else layout.accumulate} MBS {mbs}"}
+                         f"{layout.microbatches if layout.pp > 1 else layout.accumulate} MBS {mbs} "
+                         f"ZeRO-{layout.zero}"}
 
 
 def _picotron(p: ModuleType, catalog) -> list[dict]:
     rows = []
     for name, gpus, mfu, mbs, seq, gas in PICOTRON:
-        chosen = best(p, catalog, name, gpus, gpus * mbs * gas, seq)
+        chosen = best(p, catalog, name, gpus, gpus * mbs * gas, seq, embedding=True, zeros=(0,))
         predicted = chosen["mfu"]
         rows.append({"source": "picotron", "key": f"picotron, {name}, {gpus} GPUs", "model": name, "gpus": gpus,
                      "technique": f"layout not published; the planner's best: {chosen['technique']}", "seq": seq,
@@ -198,14 +205,21 @@ def compare(p: ModuleType) -> list[dict]:
 
 
 def choices(p: ModuleType) -> list[dict]:
-    """For each of the Playbook's best configurations, the planner's own best beside it."""
+    """For each of the Playbook's best configurations, the planner's own best beside it, and
+    the MFU the planner predicts for the Playbook's own layout."""
     from ddpguide.plan import catalog
 
     out = []
-    for nodes, name, dp, tp, pp, gas, mbs, _zero, mfu, _ in PLAYBOOK:
+    hw = catalog.hardware(p, "H100-playbook")
+    for nodes, name, dp, tp, pp, gas, mbs, zero, mfu, _ in PLAYBOOK:
         chosen = best(p, catalog, name, 8 * nodes, dp * gas * mbs, PLAYBOOK_SEQ, "H100-playbook")
-        out.append({"model": name, "nodes": nodes, "theirs": f"DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs}",
-                    "their_mfu": mfu, "planner": chosen["technique"] if chosen else "none fits",
+        predicted, theirs = _mfu(p, catalog.model(p, name), playbook_layout(p, dp, tp, pp, gas, zero), hw,
+                                 dp * gas * mbs, PLAYBOOK_SEQ)
+        out.append({"model": name, "nodes": nodes,
+                    "theirs": f"DP {dp} TP {tp} PP {pp} GAS {gas} MBS {mbs} ZeRO-{zero}", "their_mfu": mfu,
+                    "their_predicted_mfu": predicted, "their_predicted_gib": theirs["peak_memory"] / 2**30,
+                    "their_fits": theirs["peak_memory"] <= hw.memory,
+                    "planner": chosen["technique"] if chosen else "none fits",
                     "planner_mfu": chosen["mfu"] if chosen else float("nan")})
     return out
 

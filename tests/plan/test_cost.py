@@ -173,6 +173,17 @@ def test_measured_bus_bandwidth_replaces_the_links_beta(p):
     assert math.isclose(big / p.matmul_rate(hw, 8192, 8192, 8192), big / (989e12 * 0.803))
 
 
+def test_zero1_splits_adamw_over_the_replicas_with_tp_and_pp(p):
+    """nanotron's ZeRO-1 beside TP and PP: AdamW's two moments split over the replicas (the
+    step counters stay whole); parameters and gradients unchanged."""
+    model, pol = catalog.model(p, "playbook-1b"), catalog.policy(p, "bf16")
+    for axes in ({"dp_replicate": 4}, {"dp_replicate": 4, "tp": 2}, {"dp_replicate": 4, "pp": 2, "microbatches": 2}):
+        plain, split = (p.memory(model, p.Layout(**axes, zero=z), pol, 8, 64) for z in (0, 1))
+        count = len(p.stage_parameters(model, p.Layout(**axes), 0))
+        assert split["parameters"] == plain["parameters"] and split["gradients"] == plain["gradients"]
+        assert split["optimizer"] - count * pol.state == (plain["optimizer"] - count * pol.state) / 4, axes
+
+
 @pytest.mark.multiprocess
 def test_fsdp_mem_tracker_agrees_on_parameters_and_adamw():
     """torch's FSDPMemTracker runs on the CPU: at its peak it holds exactly the predicted sharded
