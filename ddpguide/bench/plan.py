@@ -70,7 +70,7 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
             name = search.name(lay)
             load = os.getloadavg()[0]
             result = measure.run_on_cluster(cluster, lay, model, TIME_SEQ, TIME_BATCH, "float32",
-                                            steps=4 if quick else 5, cache=cache)
+                                            steps=3 if quick else 5, cache=cache)  # quick: one timed step
             bar.update()
             step = p.step(model, lay, pol, hw, TIME_BATCH, TIME_SEQ)
             mem = measure.memory_ratios(p, lay, model, pol, TIME_SEQ, TIME_BATCH, result)

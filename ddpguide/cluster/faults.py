@@ -11,7 +11,6 @@ the moment the run's progress says, and bring it back up before they return.
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from ddpguide.cluster.cluster import Cluster
 from ddpguide.cluster.experiments import CLUSTER_PROGRAMS
 from ddpguide.cluster.launch import torchrun_on
+from ddpguide.core import scratch
 from ddpguide.elastic.program import LOG, PROGRAM, agent_settings, program_folder, read_log
 
 #: the c10d rendezvous port, on node 0 (inside the cluster's own namespaces)
@@ -107,7 +107,7 @@ def lose_node_by_link(cluster: Cluster, *, node: int | None = None, after_epoch:
         records = read_log(folder / LOG)
     finally:
         cluster.set_link(cluster.nodes[lost], up=True)
-        shutil.rmtree(folder, ignore_errors=True)
+        scratch.remove(folder)
     errors = [next((line.strip() for line in (e.stdout + e.stderr).splitlines()
                     if "Timed out waiting" in line or "Connection closed by peer" in line), "")
               for e in ended]

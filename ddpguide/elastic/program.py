@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ddpguide.core import scratch
 from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
@@ -74,9 +74,9 @@ def agent_settings(port: int, nproc_per_node: int = 1, share_store: bool = False
 
 
 def program_folder() -> Path:
-    """A new folder holding a copy of the program alone, as a reader's folder (the caller
-    removes it)."""
-    workdir = Path(tempfile.mkdtemp(prefix="ddpguide-elastic-program-"))
+    """A new folder holding a copy of the program alone, as a reader's folder (removed by the
+    caller, at the latest when this interpreter exits: :mod:`ddpguide.core.scratch`)."""
+    workdir = scratch.folder("ddpguide-elastic-program-")
     shutil.copy(path_of(PROGRAM), workdir / PROGRAM)
     return workdir
 

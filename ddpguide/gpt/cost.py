@@ -10,9 +10,9 @@ FLOP/s one process reaches on the same model (:func:`predict_step_seconds`).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
+from ddpguide.core import scratch
 from ddpguide.gpt.layouts import CHECK, PROGRAM
 from ddpguide.launch.programs import ProgramRun, run, torchrun
 from ddpguide.launch.report import ReportError
@@ -26,7 +26,7 @@ def measure(options: tuple[str, ...], ranks: int, extra: tuple[str, ...] = CHECK
             env: dict[str, str] | None = None) -> tuple[dict, ProgramRun]:
     """Run one layout with ``--cost``: the cost it reported, and the run itself."""
     launcher = ("python",) if ranks == 1 else torchrun(ranks)
-    folder = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-cost-"))
+    folder = Path(workdir or scratch.folder("ddpguide-cost-"))
     done = run(PROGRAM, *options, *extra, "--cost", launcher=launcher, timeout=timeout,
                echo=False, workdir=folder, env=env, report=True)
     return parse(done), done

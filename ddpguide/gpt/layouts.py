@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpguide.core import scratch
 from ddpguide.launch.programs import ProgramRun, run, torchrun
 
 PROGRAM = "gpt/train.py"
@@ -140,9 +141,7 @@ def equivalence_table(layouts=LAYOUTS, workdir: Path | None = None, progress=Non
     ``extra`` are the options of every run (``(*CHECK, "--cost")`` also counts each
     layout's cost, which the tests read); ``runs``, when given, receives each layout's
     :class:`LayoutRun` by name."""
-    import tempfile
-
-    root = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-gpt-"))
+    root = Path(workdir or scratch.folder("ddpguide-gpt-"))
     rows: list[dict] = []
     references: dict[tuple[str, ...], LayoutRun] = {}
     for i, (name, ranks, options) in enumerate(layouts):

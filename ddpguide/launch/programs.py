@@ -23,13 +23,13 @@ import re
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
+from ddpguide.core import scratch
 from ddpguide.launch import forked, ranks
 from ddpguide.launch import report as reports
 
@@ -190,8 +190,9 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
 
     ``launcher`` is what the reader types before the file name: ``("python",)``
     or ``("torchrun", "--standalone", "--nproc-per-node=2")``. ``expect`` is the
-    exit status the chapter expects (None: any). The folder is kept, so a
-    chapter can read what the program wrote (``ProgramRun.workdir``). ``launch``: see
+    exit status the chapter expects (None: any). The folder (``workdir``, or a new one)
+    is kept, so a chapter can read what the program wrote (``ProgramRun.workdir``); a new
+    one is removed when this interpreter exits (:mod:`ddpguide.core.scratch`). ``launch``: see
     :data:`LAUNCH` (None: that default). With ``report`` the
     command ends with ``--report report.json`` (in that folder) and ``ProgramRun.report`` is
     what the program wrote there (:mod:`ddpguide.launch.report`): required after exit
@@ -199,7 +200,7 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     """
     launch = launch_of(name, launch)
     source = path_of(name)
-    folder = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ddpguide-program-"))
+    folder = Path(workdir) if workdir else scratch.folder("ddpguide-program-")
     copy_program(name, folder)
     report_path = folder / REPORT
     report_path.unlink(missing_ok=True)  # a report from an earlier run in this folder is not this one's

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -40,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ddpguide.core import scratch
 from ddpguide.core.processes import alive, descendants, die_with_parent, processes_with_env, signal_all
 
 #: every process of one group carries ``DDPGUIDE_LAUNCH_ID=<id>`` in its environment
@@ -137,7 +136,7 @@ class Ranks:
                  workdir: str | os.PathLike | None = None):
         self.launch_id = uuid.uuid4().hex
         self._own = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ddpguide-ranks-"))
+        self.workdir = Path(workdir or scratch.folder("ddpguide-ranks-"))
         self.output_path = self.workdir / "output.txt"
         self.errors_path = self.workdir / "errors.txt" if separate_errors else self.output_path
         self.output_path.touch()
@@ -253,7 +252,7 @@ class Ranks:
     def close(self) -> None:
         self.stop(grace=0.0)
         if self._own:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            scratch.remove(self.workdir)
 
     def __enter__(self) -> Ranks:
         return self

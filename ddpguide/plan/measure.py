@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from ddpguide.core import scratch
 from ddpguide.gpt import cost as gpt_cost
 from ddpguide.gpt.layouts import PROGRAM as TRAIN
 from ddpguide.launch.programs import path_of, run, torchrun
@@ -34,7 +35,7 @@ def hardware(p: ModuleType, which: str = "this-machine", ranks: int = 4, folder:
         return p.Hardware(**json.loads(Path(which).read_text()))
     if which != "this-machine":
         raise ValueError(f"hardware {which!r}: this-machine, or cluster_hardware for the emulated cluster")
-    folder = Path(folder or tempfile.mkdtemp(prefix="ddpguide-plan-"))
+    folder = Path(folder or scratch.folder("ddpguide-plan-"))
     path = folder / "hw.json"
     run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,
         workdir=folder / "measure")
@@ -127,7 +128,7 @@ def cluster_hardware(p: ModuleType, cluster, folder: Path | None = None):
     each link level from ``--sweep`` across the nodes. A node's ranks share its one link."""
     from ddpguide.cluster.launch import torchrun_on
 
-    folder = Path(folder or tempfile.mkdtemp(prefix="ddpguide-plan-cluster-"))
+    folder = Path(folder or scratch.folder("ddpguide-plan-cluster-"))
     path = folder / "hw.json"
     ranks = cluster.spec.nodes * cluster.spec.ranks_per_node
     run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,

@@ -39,21 +39,23 @@ def test_the_doctor_across_the_nodes_names_the_slow_node_s_link(cluster):
 
 @pytest.mark.timeout(400)
 def test_an_elastic_run_loses_a_node_by_its_link_and_the_others_go_on(cluster):
-    result = lose_node_by_link(cluster, node=2, after_epoch=2, epochs=10, pg_timeout=10.0,
+    # the chapter's saved run has a 10 s timeout; the bounds below scale with it
+    epochs, timeout = 8, 5.0
+    result = lose_node_by_link(cluster, node=2, after_epoch=2, epochs=epochs, pg_timeout=timeout,
                                timeout=300)
     codes = result["returncodes"]
     assert codes[:2] == [0, 0] and codes[2] != 0, (codes, result["errors"])  # node 2: stopped or failed
     records = result["records"]
-    assert [r["epoch"] for r in records] == list(range(10))  # every epoch once, in order
+    assert [r["epoch"] for r in records] == list(range(epochs))  # every epoch once, in order
     before = [(r["world_size"], r["restart_count"]) for r in records if r["world_size"] == 3]
     after = [(r["world_size"], r["restart_count"]) for r in records if r["world_size"] != 3]
     assert before == [(3, 0)] * len(before) and len(before) >= 3
-    assert after == [(2, 1)] * len(after) and len(before) + len(after) == 10
+    assert after == [(2, 1)] * len(after) and len(before) + len(after) == epochs
     down = next(e["t"] for e in result["timeline"] if e["event"] == "link down")
     first_after = next(e["t"] for e in result["timeline"]
                        if e["event"] == "epoch" and e["world_size"] == 2)
     assert first_after - down >= result["pg_timeout"]  # nothing told them before the timeout
     for line in result["errors"][:2]:
-        assert "Timed out waiting 10000ms for" in line
+        assert f"Timed out waiting {timeout * 1000:.0f}ms for" in line
     with pytest.raises(ValueError, match="node 0 hosts the rendezvous store"):
         lose_node_by_link(cluster, node=0)

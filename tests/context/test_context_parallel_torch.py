@@ -12,9 +12,9 @@ ERROR = ("context_parallel on cpu: NotImplementedError: Operator "
 
 
 @pytest.mark.timeout(300)
-def test_context_parallel_fails_on_cpu_with_the_kernel_it_has_no_rule_for():
+def test_context_parallel_fails_on_cpu_with_the_kernel_it_has_no_rule_for(tmp_path):
     launch = run("context_parallel_torch.py", launcher=torchrun(2), timeout=240, expect=None,
-                 echo=False)
+                 echo=False, workdir=tmp_path)
     assert launch.returncode != 0, launch.text()
     assert ERROR in launch.program_lines(), launch.text()
 

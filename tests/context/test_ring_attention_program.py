@@ -27,9 +27,9 @@ METHODS = ("ring", "zigzag", "ulysses")
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_every_variant_equals_full_attention_and_counts_meet_the_formulas(world):
+def test_every_variant_equals_full_attention_and_counts_meet_the_formulas(world, tmp_path):
     launch = run("ring_attention.py", launcher=torchrun(world), timeout=300, expect=None,
-                 echo=False, report=True)
+                 echo=False, report=True, workdir=tmp_path)
     assert launch.returncode == 0, launch.text()
     lines = launch.program_lines()
     assert (f"{world} ranks (gloo), batch {BATCH}, {HEADS} heads, sequence {SEQ}, "

@@ -243,7 +243,7 @@ def test_rank_0_stopped_after_the_group_forms_is_named_within_about_one_timeout(
     import subprocess
     import time
 
-    timeout = 10
+    timeout = TIMEOUT
     port = free_port()
     ranks = [start([sys.executable, "-m", "ddpguide.doctor", "--timeout", str(timeout),
                     "--sizes", "4K"], hand_env(r, 2, port, DDPGUIDE_DOCTOR_STOP_AFTER_GROUP="0"))

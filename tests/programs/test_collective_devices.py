@@ -63,8 +63,9 @@ def test_tensors_on_the_device_pass(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
-def test_ring_attention_gives_its_collectives_device_tensors():
-    done = run("ring_attention.py", launcher=CHECKED, timeout=300, echo=False, expect=None)
+def test_ring_attention_gives_its_collectives_device_tensors(tmp_path):
+    done = run("ring_attention.py", launcher=CHECKED, timeout=300, echo=False, expect=None,
+               workdir=tmp_path)
     assert "collective device check" not in done.output, done.output
     assert done.returncode == 0
     assert "all checks passed" in done.output
