@@ -55,7 +55,11 @@ def test_an_elastic_run_loses_a_node_by_its_link_and_the_others_go_on(cluster):
     first_after = next(e["t"] for e in result["timeline"]
                        if e["event"] == "epoch" and e["world_size"] == 2)
     assert first_after - down >= result["pg_timeout"]  # nothing told them before the timeout
-    for line in result["errors"][:2]:
-        assert f"Timed out waiting {timeout * 1000:.0f}ms for" in line
+    # the first survivor to give up fails on gloo's timeout; the other on the same timeout, or,
+    # when the first one's exit reaches it before its own timer fires, on that closed connection
+    timed_out = [f"Timed out waiting {timeout * 1000:.0f}ms for" in line for line in result["errors"][:2]]
+    assert any(timed_out), result["errors"]
+    assert all(t or "Connection closed by peer" in line for t, line in zip(timed_out, result["errors"])), \
+        result["errors"]
     with pytest.raises(ValueError, match="node 0 hosts the rendezvous store"):
         lose_node_by_link(cluster, node=0)

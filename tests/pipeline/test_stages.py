@@ -208,7 +208,10 @@ def test_benchmark_reports_the_promised_ratios(tmp_path):
     report = bench.run(quick=True, image_size=32, batch_size=32, plot_path=str(tmp_path / "sweep.png"))
     assert set(report.ratios) >= {"pipeline_speedup", "pipeline_speedup_balanced",
                                   "model_parallel_over_single", "bubble_efficiency"}
-    assert all(v > 0 for v in report.ratios.values())
+    # the share of chapter 13's steps that ran quiet is 0 when the machine was busy throughout
+    # (the report then says that its figures are the machine's); every other ratio is a time ratio
+    assert 0 <= report.ratios["quiet_step_share"] <= 1
+    assert all(v > 0 for k, v in report.ratios.items() if k != "quiet_step_share"), report.ratios
     assert report.ratios["bubble_efficiency"] == pytest.approx(report.ratios["pipeline_speedup"] / 2)
     assert (tmp_path / "sweep.png").stat().st_size > 0
     assert any(str(tmp_path / "sweep.png") in note for note in report.notes)
