@@ -97,8 +97,9 @@ HARDWARE["H100-titan"] = {**HARDWARE["H100"], "name": "H100-titan", "memory": 96
                                       "llama3_h100_202412_torchtitan.md (peak: SXM/NVL midpoint)",
                                       "attention": f"{_FA}; times 912/989", "attention backward":
                                       f"{_FA_BWD}; times 912/989"}}
-# the Playbook's cluster: H100 SXM nodes whose collectives the Playbook measured (256 MB, the median
-# of its runs) over 1 to 64 whole nodes of 8 GPUs: bus bandwidth in GB/s by the nodes spanned
+# the Playbook's cluster: H100 nodes (it names no variant: the SXM data sheet) whose collectives
+# it measured (256 MB, the median of its runs) over 1 to 64 whole nodes of 8 GPUs: bus bandwidth
+# in GB/s by the nodes spanned
 _PLAYBOOK_NODES = (1, 2, 4, 8, 16, 32, 64)
 _PLAYBOOK_BUS = {"all_reduce": (436.0, 361.7, 160.1, 99.6, 84.7, 64.9, 32.9),
                  "all_gather": (249.8, 184.6, 119.0, 69.0, 55.0, 28.0, 11.0),
