@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ddpguide.core.commands import OneLineParser
-from ddpguide.elastic.demo import DemoSettings
+from ddpguide.elastic.demo import MIN_EPOCHS, DemoSettings
 from ddpguide.elastic.settings import (
     TUNED_MONITOR_INTERVAL,
     TUNED_RDZV_CONF,
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", help="keep checkpoint, events and node logs here "
                                         "(an empty or new directory; default: a temporary one)")
     demo.add_argument("--epochs", type=int, default=DemoSettings.epochs,
-                      help=f"at least 8 (default {DemoSettings.epochs})")
+                      help=f"at least {MIN_EPOCHS} (default {DemoSettings.epochs})")
     demo.add_argument("--step-delay", type=float, default=DemoSettings.step_delay,
                       help="seconds of sleep per step, standing in for compute "
                            f"(default {DemoSettings.step_delay})")

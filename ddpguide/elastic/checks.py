@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddpguide.core import commands
-from ddpguide.elastic.demo import MAX_STEP_DELAY_S, DemoSettings
+from ddpguide.elastic.demo import MAX_STEP_DELAY_S, MIN_EPOCHS, DemoSettings
 from ddpguide.elastic.settings import (
     AgentSettings,
     UsageError,
@@ -236,8 +236,8 @@ def check_node(args: argparse.Namespace) -> NodeOptions:
 
 def check_demo(args: argparse.Namespace) -> DemoPlan:
     """The demo's options: sizes and pacing it can finish with, paths it can write."""
-    if args.epochs < 8:
-        raise UsageError(f"--epochs {args.epochs}: the demo needs at least 8 epochs")
+    if args.epochs < MIN_EPOCHS:
+        raise UsageError(f"--epochs {args.epochs}: the demo needs at least {MIN_EPOCHS} epochs")
     if not (math.isfinite(args.step_delay) and 0 <= args.step_delay <= MAX_STEP_DELAY_S):
         raise UsageError(f"--step-delay {args.step_delay:g}: must be a number of seconds from "
                          f"0 to {MAX_STEP_DELAY_S:g} (each phase of the demo has a time limit)")

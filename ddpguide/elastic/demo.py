@@ -27,6 +27,10 @@ from ddpguide.elastic.worker_args import WorkerArgs
 EPOCHS_BEFORE_JOIN = 2
 EPOCHS_AT_FOUR = 3
 EPOCHS_BEFORE_CRASH = 2
+# The fewest epochs the demo takes: the three phases, the epochs the first group may
+# still finish while node B's workers start (it trains on until its agent restarts it:
+# one in a saved run, with room for two), and the epoch the crash interrupts.
+MIN_EPOCHS = EPOCHS_BEFORE_JOIN + EPOCHS_AT_FOUR + EPOCHS_BEFORE_CRASH + 2 + 1
 # The longest phase runs 16 steps at world size 2 (2 epochs of 256 samples in
 # batches of 16 per worker) within its 60 s limit: 1 s a step leaves room for
 # a slow machine's restarts.
@@ -133,6 +137,9 @@ def _scenario(cluster: LocalCluster, log: RunLog, settings: DemoSettings) -> Non
     _wait_for(cluster, log, lambda: _epochs_at(log, 2, left) >= EPOCHS_BEFORE_CRASH,
               f"{EPOCHS_BEFORE_CRASH} epochs at world size 2 after the departure", timeout)
 
+    if any(e["event"] == "finished" for e in log.worker_events):
+        raise DemoError(f"training finished its {settings.epochs} epochs before the crash: "
+                        "give it more --epochs")
     killed = cluster.kill_worker("A", local_rank=1)
     log.action("a worker of node A is killed (SIGKILL)", killed, expect=2, cause="crash")
     _wait_for(cluster, log, lambda: any(e["event"] == "finished" for e in log.worker_events),

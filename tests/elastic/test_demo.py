@@ -16,7 +16,7 @@ from ddpguide.elastic.report import RunLog
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("args, line", [
-    (["--epochs", "3"], "error: --epochs 3: the demo needs at least 8 epochs"),
+    (["--epochs", "3"], "error: --epochs 3: the demo needs at least 10 epochs"),
     (["--step-delay", "-0.1"], ("error: --step-delay -0.1: must be a number of seconds from 0 "
                                 "to 1 (each phase of the demo has a time limit)")),
 ])

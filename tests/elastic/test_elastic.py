@@ -19,6 +19,7 @@ from ddpguide.core.checkpoint import save_checkpoint, training_state
 from ddpguide.core.models import ConvNet
 from ddpguide.core.processes import alive, descendants, signal_all
 from ddpguide.elastic.__main__ import main
+from ddpguide.elastic.demo import MIN_EPOCHS
 from ddpguide.elastic.settings import (
     STORE_SHARING_WORKAROUND,
     AgentSettings,
@@ -70,8 +71,8 @@ def _assert_all_dead(pids: list[int], grace_s: float = 5.0) -> None:
 @pytest.mark.timeout(200)
 def test_demo_joins_leaves_crashes_and_finishes_every_epoch_once(tmp_path):
     report_path, workdir = tmp_path / "report.json", tmp_path / "run"
-    # the fewest epochs the demo takes (each phase's epochs are fixed): every check holds for any
-    result = _run_cli(["--report", str(report_path), "--workdir", str(workdir), "--epochs", "8"],
+    # the fewest epochs the demo takes: every check holds for any
+    result = _run_cli(["--report", str(report_path), "--workdir", str(workdir), "--epochs", str(MIN_EPOCHS)],
                       timeout=150)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(report_path.read_text())

@@ -55,7 +55,7 @@ def _replace(option: str, value: str) -> list[str]:
 # {free} a free port, {other} a ConvNet's checkpoint, {corrupt} garbage named .pt.
 CASES = [
     # -- demo ------------------------------------------------------------
-    ("demo-epochs", ["--epochs", "3"], "error: --epochs 3: the demo needs at least 8 epochs"),
+    ("demo-epochs", ["--epochs", "3"], "error: --epochs 3: the demo needs at least 10 epochs"),
     ("demo-epochs-word", ["demo", "--epochs", "many"],
      "{demo}: error: argument --epochs: invalid int value: 'many' (see --help)"),
     ("demo-step-delay-negative", ["--step-delay", "-1"],

@@ -20,7 +20,7 @@ from ddpguide.core.models import ConvNet, ToyModel
 from ddpguide.core.processes import descendants, store_port
 from ddpguide.elastic import __main__ as cli
 from ddpguide.elastic import node
-from ddpguide.elastic.demo import DemoSettings, run_cli
+from ddpguide.elastic.demo import MIN_EPOCHS, DemoSettings, run_cli
 from ddpguide.elastic.report import RunLog, build_report, summary
 from ddpguide.elastic.settings import UsageError
 from ddpguide.elastic.worker import toy_data
@@ -199,9 +199,9 @@ def test_the_demo_refuses_an_unknown_strategy(tmp_path):
 def test_the_sharded_demo_reshards_at_every_change_and_runs_every_epoch_once(tmp_path):
     report_path, workdir = tmp_path / "report.json", tmp_path / "run"
     lines: list[str] = []
-    # the fewest epochs the demo takes (each phase's epochs are fixed): every check holds for any
+    # the fewest epochs the demo takes: every check holds for any
     code = run_cli(["--strategy", "fsdp", "--report", str(report_path), "--workdir", str(workdir),
-                    "--epochs", "8"],
+                    "--epochs", str(MIN_EPOCHS)],
                    timeout_s=300, echo=lines.append)
     assert code == 0, "\n".join(lines[-40:])
     report = json.loads(report_path.read_text())
