@@ -85,10 +85,12 @@ def run_layout(layout, model, seq: int, batch: int, dtype: str, steps: int = 3,
                timeout: float = 600.0, cache: str | None = None) -> dict:
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
     every rank, the median step). ``cache``: a folder where each finished run is kept and
-    from which the same run is read back instead of run again."""
+    from which the same run is read back instead of run again. Its callers read the memory
+    counted, which the allocator's settings do not change: the ranks run with one thread
+    and no ``MALLOC_*`` tunable, so that the package tests may fork them warm
+    (:mod:`ddpguide.launch.warm`); the timed runs are :func:`run_on_cluster`'s."""
     extra = (*model_options(model, seq, batch // layout.accumulate, dtype), "--steps", str(steps), "--clip", "1.0")
-    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "67108864",
-           "MALLOC_TRIM_THRESHOLD_": "268435456"}
+    env = {"OMP_NUM_THREADS": "1"}
     saved = None
     if cache is not None:  # an interrupted benchmark resumes from the runs it finished
         key = hashlib.sha256(" ".join((*options(layout), *extra)).encode()).hexdigest()[:16]
