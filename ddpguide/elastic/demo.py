@@ -116,6 +116,14 @@ def _agent_waiting(log: RunLog, name: str) -> bool:
     return any(e["event"] == "agent_waiting" and e["node"] == name for e in log.worker_events)
 
 
+def check_crash_lands(log: RunLog, epochs: int) -> None:
+    """Raise DemoError if the last epoch is done: a group restarted after a kill now would
+    have nothing left to train, and the report would show no recovery from the crash."""
+    if any(e["event"] == "finished" or (e["event"] == "epoch" and e["epoch"] >= epochs - 1)
+           for e in log.worker_events if e.get("rank") == 0):
+        raise DemoError(f"training finished its {epochs} epochs before the crash: give it more --epochs")
+
+
 def _scenario(cluster: LocalCluster, log: RunLog, settings: DemoSettings) -> None:
     timeout = settings.phase_timeout_s
     # B's agent starts first and waits for its cue, so its Python start-up
@@ -137,9 +145,7 @@ def _scenario(cluster: LocalCluster, log: RunLog, settings: DemoSettings) -> Non
     _wait_for(cluster, log, lambda: _epochs_at(log, 2, left) >= EPOCHS_BEFORE_CRASH,
               f"{EPOCHS_BEFORE_CRASH} epochs at world size 2 after the departure", timeout)
 
-    if any(e["event"] == "finished" for e in log.worker_events):
-        raise DemoError(f"training finished its {settings.epochs} epochs before the crash: "
-                        "give it more --epochs")
+    check_crash_lands(log, settings.epochs)
     killed = cluster.kill_worker("A", local_rank=1)
     log.action("a worker of node A is killed (SIGKILL)", killed, expect=2, cause="crash")
     _wait_for(cluster, log, lambda: any(e["event"] == "finished" for e in log.worker_events),

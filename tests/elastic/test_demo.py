@@ -10,7 +10,7 @@ import pytest
 from ddpguide.core.processes import store_port
 from ddpguide.elastic import __main__ as cli
 from ddpguide.elastic.cluster import LocalCluster
-from ddpguide.elastic.demo import DemoError, DemoSettings, _wait_for, run_cli
+from ddpguide.elastic.demo import MIN_EPOCHS, DemoError, DemoSettings, _wait_for, check_crash_lands, run_cli
 from ddpguide.elastic.report import RunLog
 
 
@@ -48,3 +48,24 @@ def test_a_milestone_that_never_comes_is_an_error(tmp_path):
     with pytest.raises(DemoError, match=r"^no the end of training within 0.2 s\n$"):
         _wait_for(cluster, RunLog(echo=None), lambda: False, "the end of training", 0.2)
     assert time.monotonic() - started < 5
+
+
+def test_a_crash_after_the_last_epoch_is_an_error_not_a_report_without_it():
+    def epoch(rank: int, number: int) -> dict:
+        return {"event": "epoch", "rank": rank, "world_size": 2, "epoch": number, "t": 1.0 + number,
+                "loss": 0.5, "seconds": 1.0}
+
+    log = RunLog(echo=None)
+    for event in (epoch(0, MIN_EPOCHS - 2), epoch(1, MIN_EPOCHS - 1)):  # rank 0 speaks for the group
+        log.worker_event(event)
+    check_crash_lands(log, MIN_EPOCHS)  # one epoch left: the restarted group trains it
+    log.worker_event(epoch(0, MIN_EPOCHS - 1))
+    with pytest.raises(DemoError, match=rf"^training finished its {MIN_EPOCHS} epochs before the crash: "
+                                        r"give it more --epochs$"):
+        check_crash_lands(log, MIN_EPOCHS)
+
+
+def test_the_fewest_epochs_leave_room_for_the_phases_two_late_epochs_and_the_crash():
+    from ddpguide.elastic import demo
+
+    assert MIN_EPOCHS == demo.EPOCHS_BEFORE_JOIN + demo.EPOCHS_AT_FOUR + demo.EPOCHS_BEFORE_CRASH + 3 == 10
