@@ -876,6 +876,10 @@ def main(argv=None):
     p.add_argument("--measure", metavar="FILE", help="measure this machine into FILE (JSON)")
     p.add_argument("--sweep", metavar="FILE", help="under torchrun: add each link level to FILE")
     p.add_argument("--ranks", type=int, default=1, help="with --measure: busy processes sharing the cores")
+    p.add_argument("--seconds", type=float, default=0.1,
+                   help="with --measure: how long each timing runs (default 0.1)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="with --sweep: timings of each size, the median kept (default 5)")
     p.add_argument("--hardware", metavar="FILE", help="predict with the hardware in FILE")
     for name, value in asdict(Model()).items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else int
@@ -894,11 +898,15 @@ def main(argv=None):
     if a.measure:
         if a.ranks < 1:
             p.error(f"--ranks {a.ranks}: must be at least 1")
-        return measure(a.measure, a.ranks)
+        if not a.seconds > 0:
+            p.error(f"--seconds {a.seconds:g}: must be more than 0")
+        return measure(a.measure, a.ranks, a.seconds)
     if a.sweep:
         if "LOCAL_WORLD_SIZE" not in os.environ:
             p.error("--sweep: run it under torchrun (it times all-reduces between the ranks)")
-        return sweep(a.sweep)
+        if a.repeats < 1:
+            p.error(f"--repeats {a.repeats}: must be at least 1")
+        return sweep(a.sweep, a.repeats)
     if not a.hardware or not os.path.isfile(a.hardware):
         p.error(f"--hardware {a.hardware or 'FILE'}: no such file (write one with --measure and --sweep)")
     m = Model(**{k: getattr(a, k) for k in asdict(Model())})

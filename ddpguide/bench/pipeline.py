@@ -18,7 +18,8 @@ each of the source's split sizes (:data:`SEED_SPLIT_SIZES`), 2 rounds x 3 timed
 steps per case. (The source swept its one-process ``PipelineParallelResNet50`` on
 two GPUs; on a CPU only one process per stage overlaps, so that is what is swept.)
 ``--quick`` uses 64x64 images, batch 64 and micro-batches of 16 and 32, one round
-of 2 steps. ``python -m ddpguide.bench.pipeline --image-size 224`` runs at full size.
+of 2 steps, its ranks without :data:`~ddpguide.bench.report.MALLOC_ENV` (forked warm where
+they can be). ``python -m ddpguide.bench.pipeline --image-size 224`` runs at full size.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ddpguide.bench.pipeline_report import (
     stage_times,
 )
 from ddpguide.bench.progress import tracked
-from ddpguide.bench.report import Report, check_report_file
+from ddpguide.bench.report import MALLOC_ENV, Report, check_report_file
 from ddpguide.core.commands import InputError, OneLineParser, check_output_file, integer
 from ddpguide.pipeline.stages import SEED_SPLIT, num_microbatches
 
@@ -104,7 +105,7 @@ def run(quick: bool = False, image_size: int | None = None, batch_size: int | No
     report = Report("pipeline")
     with tracked(report, total=1 + plan.rounds * len(cases)):  # rank 0 of the worker ticks
         res = measure(cases, plan.batch, plan.image_size, plan.rounds, plan.repeats,
-                      plan.profile_size, channels_last)
+                      plan.profile_size, channels_last, env=None if quick else MALLOC_ENV)
     balanced, names, blocks = res["balanced"], res["block_names"], res["block_times"]
     t = {c.kind: res["seconds"][c] for c in BASELINES}
     rows = pipeline_rows(res)

@@ -214,15 +214,16 @@ def bench_worker(cases: list[Case], batch: int, image_size: int, rounds: int, re
 
 
 def measure(cases: list[Case], batch: int, image_size: int, rounds: int = 1, repeats: int = 2,
-            profile_size: int = 16, channels_last: bool = True) -> dict:
-    """Run :func:`bench_worker` on 2 processes x 1 thread with :data:`MALLOC_ENV`.
+            profile_size: int = 16, channels_last: bool = True, env: dict | None = MALLOC_ENV) -> dict:
+    """Run :func:`bench_worker` on 2 processes x 1 thread with ``env`` (:data:`MALLOC_ENV`;
+    None: this process's settings, so that the ranks may be forked warm).
 
     A step lasts as long as its slower rank. Returns ``samples``, a dict from case
     to the seconds of every timed step (``rounds x repeats`` of them), ``seconds``,
     their median, the block times and names, and the balanced split point.
     """
     per_rank = spawn(bench_worker, 2, cases, batch, image_size, rounds, repeats, profile_size,
-                     channels_last, threads_per_rank=1, env=MALLOC_ENV, echo=False,
+                     channels_last, threads_per_rank=1, env=env, echo=False,
                      timeout=3600, collective_timeout=900)
     samples = {
         case: [max(ts) for k in range(rounds) for ts in zip(*(r["times"][c][k] for r in per_rank))]

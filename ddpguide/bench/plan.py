@@ -20,6 +20,8 @@
   rank's rows, all ranks together), ``memory_predicted_over_measured``;
 * ``DDPGUIDE_PLAN_CACHE=DIR`` keeps each finished run of train.py in DIR and reads it back
   in a later run (an interrupted benchmark resumes; the predictions are made again);
+* ``--quick``: the two layouts of ``QUICK`` (one timed step each) and no runs on loopback;
+  the microbenchmarks time for less (``QUICK_SECONDS``, ``QUICK_REPEATS``);
 * published: torchtitan's Llama 3.1 H100 rows, the Ultra-Scale Playbook's best
   configurations and picotron's two MFU figures, predicted (GPU, model only):
   ``published_predicted_over_reported`` per row.
@@ -41,6 +43,9 @@ CHECK_SEQ, CHECK_BATCH = 16, 8
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
 QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "HSDP x FSDP 2 x 2")
+#: the quick mode's microbenchmarks (``plan_cost.py --seconds``, ``--repeats``): shorter
+#: timings, fewer of each size
+QUICK_SECONDS, QUICK_REPEATS = 0.02, 3
 
 
 def _say(line: str) -> None:
@@ -57,7 +62,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
         layouts = [lay for lay in layouts if search.name(lay) in QUICK]
     rows = []
     with up(Spec(nodes=NODES, ranks_per_node=RANKS_PER_NODE, link=LINK)) as cluster:
-        hw = measure.cluster_hardware(p, cluster)
+        hw = (measure.cluster_hardware(p, cluster, seconds=QUICK_SECONDS, repeats=QUICK_REPEATS) if quick
+              else measure.cluster_hardware(p, cluster))
         dt_hw = checks.dtensor_hardware(hw)
         report.add("cluster hardware", hw.peak / 1e9, "GFLOP/s a thread (best matmul)", links=hw.links,
                    cores=hw.cores, op_us=hw.op_seconds * 1e6, bandwidth_gb_s=hw.bandwidth / 1e9,

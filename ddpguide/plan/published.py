@@ -133,9 +133,21 @@ def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: in
                     accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1)
 
 
+def _policy(p: ModuleType):
+    return p.Policy(param=4, compute=2, reduce=4, state=4)
+
+
 def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) -> tuple[float, dict]:
-    out = p.predict(model, layout, p.Policy(param=4, compute=2, reduce=4, state=4), hw, batch, seq)
+    out = p.predict(model, layout, _policy(p), hw, batch, seq)
     return out["tokens_per_gpu"] * flops_per_token(model, seq, embedding) / PEAK_MFU * 100, out
+
+
+def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
+    """The memory half of ``predict`` alone (each stage's first rank), to skip a step's
+    prediction for a layout that cannot be chosen."""
+    per_stage = layout.world // layout.pp
+    return max(sum(p.memory(model, layout, _policy(p), batch, seq, stage * per_stage).values())
+               for stage in range(layout.pp)) <= hw.memory
 
 
 def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
@@ -173,8 +185,10 @@ def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_
                     continue
                 for zero in zeros if dp > 1 else (0,):
                     layout = playbook_layout(p, dp, tp, pp, gas, zero)
+                    if not _fits(p, model, layout, hw, batch, seq):
+                        continue
                     mfu, out = _mfu(p, model, layout, hw, batch, seq, embedding)
-                    if out["peak_memory"] <= hw.memory and (found is None or mfu > found[0]):
+                    if found is None or mfu > found[0]:
                         found = (mfu, layout, out)
     if found is None:
         return None

@@ -166,7 +166,7 @@ class Visitor:
                     raise AssertionError(f"{url} answered {status}: is the book built from the "
                                          "current _toc.yml? (make render, or make book)")
                 data = tab.evaluate(f"{COLLECT_JS}({int(PAGE_TIMEOUT_S * 1000)})", PAGE_TIMEOUT_S + 10)
-                shot = tab.screenshot(self.screenshots / (docname.replace("/", "__") + ".png"))
+                shot = tab.screenshot(self.screenshots / (docname.replace("/", "__") + ".jpg"))
                 tab.collect()
             finally:
                 tab.close()

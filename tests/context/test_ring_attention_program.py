@@ -3,10 +3,7 @@ every variant equals full attention, and its counts equal the formulas."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,8 @@ from ddpguide.context.program import (
     work_per_rank,
 )
 from ddpguide.launch.programs import PROGRAMS, edited_copy, load, run, torchrun
+from tests.programs.programs_support import PYTHON
+from tests.programs.programs_support import run as run_in_shell
 from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 12, 48, 8  # the program's defaults
@@ -115,10 +114,7 @@ def test_bad_input_is_one_line_and_exit_2(args, env, message, monkeypatch, capsy
 @pytest.mark.parametrize("args, env, message", [REFUSALS[0], REFUSALS[4]])
 def test_the_program_refuses_before_any_process_group_and_writes_nothing(copy, args, env, message):
     """As a reader (or a rank that torchrun started) runs it."""
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    done = subprocess.run([sys.executable, "ring_attention.py", *args], cwd=copy, text=True,
-                          capture_output=True, timeout=150, env={**clean, **env})
+    done = run_in_shell([PYTHON, "ring_attention.py", *args], copy, timeout=150, env=env)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
     assert sorted(p.name for p in copy.iterdir()) == ["ring_attention.py"]  # nothing written
 

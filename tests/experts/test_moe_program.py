@@ -4,15 +4,14 @@ check against one process passes; bad input is one line and exit status 2."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from ddpguide.launch.programs import path_of, run, torchrun
+from tests.programs.programs_support import PYTHON
+from tests.programs.programs_support import run as run_in_shell
 from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused
 
 NAME = "moe_expert_parallel.py"
@@ -103,11 +102,8 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, world, mess
 @pytest.mark.timeout(120)
 def test_bad_input_from_the_shell_writes_nothing(tmp_path):
     shutil.copy(path_of(NAME), tmp_path / NAME)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTHONPATH")}
-    done = subprocess.run([sys.executable, NAME, "--experts", "3"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100,
-                          env={**env, "WORLD_SIZE": "2", "RANK": "0"})
+    done = run_in_shell([PYTHON, NAME, "--experts", "3"], tmp_path, timeout=100,
+                        env={"WORLD_SIZE": "2", "RANK": "0"})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", REFUSALS[0][2] + "\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == [NAME]  # nothing written
 
@@ -122,10 +118,7 @@ def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_pa
 @pytest.mark.timeout(120)
 def test_without_torchrun_it_says_how_to_start_it(tmp_path):
     shutil.copy(path_of(NAME), tmp_path / NAME)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PYTHONPATH")}
-    done = subprocess.run([sys.executable, NAME], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=100, env=env)
+    done = run_in_shell([PYTHON, NAME], tmp_path, timeout=100)
     assert (done.returncode, done.stdout, done.stderr) == (
         2, "", "start it with torchrun: torchrun --standalone --nproc-per-node=2 "
                "moe_expert_parallel.py\n")
@@ -134,10 +127,8 @@ def test_without_torchrun_it_says_how_to_start_it(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_rank_other_than_0_exits_2_silently(tmp_path):
     shutil.copy(path_of(NAME), tmp_path / NAME)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    done = subprocess.run([sys.executable, NAME, "--top-k", "9"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100,
-                          env={**env, "WORLD_SIZE": "2", "RANK": "1"})
+    done = run_in_shell([PYTHON, NAME, "--top-k", "9"], tmp_path, timeout=100,
+                        env={"WORLD_SIZE": "2", "RANK": "1"})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "")
 
 

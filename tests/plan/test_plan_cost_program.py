@@ -37,6 +37,7 @@ def test_measure_then_predict(tmp_path):
     (["--hardware", "missing.json"], "--hardware missing.json: no such file"),
     (["--measure", "no/hw.json"], "--measure no/hw.json: no folder"),
     (["--measure", "hw.json", "--ranks", "0"], "--ranks 0: must be at least 1"),
+    (["--measure", "hw.json", "--seconds", "0"], "--seconds 0: must be more than 0"),
     (["--sweep", "hw.json"], "--sweep: run it under torchrun"),
     (["--hardware", "plan_cost.py", "--tp", "3"], "does not divide the model"),
     (["--tp", "x"], "argument --tp: invalid int value: 'x'"),
@@ -45,4 +46,13 @@ def test_bad_input_one_line_exit_2(tmp_path, args, message):
     copy_program("plan_cost.py", tmp_path)
     done = run([PYTHON, "plan_cost.py", *args], tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_cost.py"]
+
+
+@pytest.mark.multiprocess
+def test_a_sweep_of_no_repeats_is_refused_under_torchrun(tmp_path):
+    copy_program("plan_cost.py", tmp_path)
+    done = run([PYTHON, "plan_cost.py", "--sweep", "hw.json", "--repeats", "0"], tmp_path, timeout=60,
+               env={"LOCAL_WORLD_SIZE": "1"})
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "plan_cost.py: --repeats 0: must be at least 1\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_cost.py"]

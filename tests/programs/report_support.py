@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,23 +40,14 @@ def assert_report_agrees(launch: ProgramRun | tuple[dict, list[str]]) -> dict:
 
 
 def assert_report_into_missing_folder_refused(program: str, folder: Path, env: dict[str, str],
-                                              message_start: str, *args: str,
-                                              fresh: bool = True) -> None:
-    """``--report missing/r.json``: one line on stderr, exit status 2, nothing written.
+                                              message_start: str, *args: str) -> None:
+    """``python PROGRAM ... --report missing/r.json``: one line on stderr, exit status 2, nothing
+    written. Through the suite's runner (``programs_support.run``: forked warm once the program
+    has run as typed in this process)."""
+    from tests.programs.programs_support import run
 
-    ``fresh``: ``python PROGRAM`` in a fresh interpreter; else through the suite's runner
-    (``programs_support.run``: forked warm once the program has run as typed)."""
-    command = [sys.executable, program, *args, "--report", "missing/r.json"]
     before = sorted(p.name for p in folder.iterdir())
-    if fresh:
-        clean = {k: v for k, v in os.environ.items()
-                 if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-        done = subprocess.run(command, cwd=folder, text=True, capture_output=True, timeout=150,
-                              env={**clean, **env})
-    else:
-        from tests.programs.programs_support import run
-
-        done = run(command, folder, timeout=150, env=env)
+    done = run([sys.executable, program, *args, "--report", "missing/r.json"], folder, timeout=150, env=env)
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(message_start), done.stderr
     assert "missing" in done.stderr, done.stderr

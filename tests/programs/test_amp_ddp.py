@@ -52,8 +52,7 @@ def test_defaults_train_with_autocast_and_skip_syncbn_on_cpu(tmp_path):
 def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_path):
     copy_program("amp_ddp.py", tmp_path)
     assert_report_into_missing_folder_refused("amp_ddp.py", tmp_path, {},
-                                              "amp_ddp.py: error: --report missing/r.json: no folder ",
-                                              fresh=False)
+                                              "amp_ddp.py: error: --report missing/r.json: no folder ")
 
 
 @pytest.mark.timeout(250)

@@ -30,8 +30,7 @@ def test_the_ring_matches_all_reduce_on_three_ranks(tmp_path):
 def test_a_report_into_a_missing_folder_is_refused_before_anything_starts(tmp_path):
     copy_program("ring_allreduce.py", tmp_path)
     assert_report_into_missing_folder_refused("ring_allreduce.py", tmp_path, {},
-                                              "ring_allreduce.py: error: --report missing/r.json: no folder ",
-                                              fresh=False)
+                                              "ring_allreduce.py: error: --report missing/r.json: no folder ")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import ast
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from ddpguide.launch.programs import run, torchrun
+from tests.programs.programs_support import PYTHON
+from tests.programs.programs_support import run as run_in_shell
 from tests.programs.report_support import assert_report_agrees
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -112,9 +112,6 @@ REFUSALS = [
 def test_programs_refuse_bad_input_in_one_line_before_starting(copies, name, args, env, message):
     """As a rank that torchrun started would see it (RANK, WORLD_SIZE), or without torchrun."""
     before = sorted(p.name for p in copies.iterdir())
-    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                            "LOCAL_WORLD_SIZE")}
-    done = subprocess.run([sys.executable, name, *args], cwd=copies, capture_output=True,
-                          text=True, timeout=100, env={**clean, **env})
+    done = run_in_shell([PYTHON, name, *args], copies, timeout=100, env=env)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", message.format(folder=copies) + "\n")
     assert sorted(p.name for p in copies.iterdir()) == before  # nothing written
