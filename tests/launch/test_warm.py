@@ -3,6 +3,7 @@ fresh interpreter where only one can take a setting, and no server outliving its
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -115,6 +116,35 @@ def test_the_server_and_its_ranks_die_with_their_parent(tmp_path):
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("env", [{}, {"MALLOC_ARENA_MAX": "2"}], ids=["forked", "spawned"])
+def test_the_server_and_the_resource_tracker_lead_sessions_of_their_own(tmp_path, env):
+    """Outside the caller's process group, where a Jupyter kernel's shutdown would wait for
+    them (the module's docstring). In a fresh interpreter: in this one the tracker may have
+    started before, by another test."""
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from multiprocessing import resource_tracker
+        from ddpguide.launch import warm
+        from ddpguide.launch.spawn import spawn
+        from tests.launch import spawn_workers
+        if __name__ == "__main__":
+            ranks = spawn(spawn_workers.parent_and_variables, 2, (), env={env!r}, echo=False)
+            helpers = [resource_tracker._resource_tracker._pid, warm.server_pid()]
+            print(json.dumps({{"me": os.getsid(0), "pid": os.getpid(), "parents": [r["parent"] for r in ranks],
+                              "helpers": [(p, os.getsid(p)) for p in helpers if p is not None]}}))
+    """)
+    (tmp_path / "parent.py").write_text(code)
+    done = subprocess.run([sys.executable, str(tmp_path / "parent.py")], capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if k != warm.START_METHOD_ENV})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert len(seen["helpers"]) == (1 if env else 2)  # spawned ranks start no server
+    assert all(sid == pid != seen["me"] for pid, sid in seen["helpers"]), seen
+    assert seen["parents"] == [seen["pid"] if env else seen["helpers"][1][0]] * 2  # spawned, or forked
 
 
 @pytest.mark.multiprocess
