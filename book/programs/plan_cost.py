@@ -709,11 +709,17 @@ def flops(m, batch, seq):
     return batch * seq * (6 * params + attn)
 
 
+def stage_memory(m, lay, pol, batch, seq):
+    """Memory of each stage's busiest rank, by component: its first rank holds the largest
+    (ceil) shards."""
+    per_stage = lay.world // lay.pp
+    return [memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
+
+
 def predict(m, lay, pol, hw, batch, seq):
     """The whole prediction: memory of each stage's busiest rank, the step and its parts,
     tokens/s a GPU and MFU against the data-sheet peak."""
-    per_stage = lay.world // lay.pp  # each stage's first rank holds the largest (ceil) shards
-    mems = [memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
+    mems = stage_memory(m, lay, pol, batch, seq)
     s = step(m, lay, pol, hw, batch, seq)
     peak = hw.peak_float8 if pol.float8 and hw.peak_float8 else hw.peak
     tokens = batch * seq / s["total"] / lay.world

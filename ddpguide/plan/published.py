@@ -143,11 +143,9 @@ def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) ->
 
 
 def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
-    """The memory half of ``predict`` alone (each stage's first rank), to skip a step's
-    prediction for a layout that cannot be chosen."""
-    per_stage = layout.world // layout.pp
-    return max(sum(p.memory(model, layout, _policy(p), batch, seq, stage * per_stage).values())
-               for stage in range(layout.pp)) <= hw.memory
+    """Whether the layout's busiest rank fits (the memory half of ``predict`` alone), to skip
+    the step's prediction of a layout that cannot be chosen."""
+    return max(sum(x.values()) for x in p.stage_memory(model, layout, _policy(p), batch, seq)) <= hw.memory
 
 
 def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
