@@ -8,6 +8,7 @@ chapters take their minutes.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -19,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def notebook_commands(*variables: str) -> list[list[str]]:
     """The pytest commands of ``make test-notebooks`` (not run: ``make -n``), as argument lists."""
+    # under `make test NB_OVERWRITE=1` the outer make passes its variables down (MAKEFLAGS)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     printed = subprocess.run(["make", "-n", "--no-print-directory", "test-notebooks", *variables],
-                             cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout
+                             cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
     commands = [shlex.split(line) for line in printed.replace("\\\n", " ").splitlines()]
     return [c for c in commands if c[1:4] == ["-m", "pytest", "--nbmake"]]
 

@@ -16,8 +16,12 @@ from ddpguide.doctor.stacks import dump_stack, find_workers, py_spy
 def test_find_workers_by_marker_and_rank():
     marker = uuid.uuid4().hex
     env = {**os.environ, "DOCTOR_TEST_MARKER": marker, "RANK": "3"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    child = subprocess.Popen([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(30)"],
+                             env=env, stdout=subprocess.PIPE, text=True)
     try:
+        # Popen returns once the exec has begun, before the kernel has written the new
+        # environment (/proc/PID/environ reads empty meanwhile): wait until the child runs
+        assert child.stdout.readline() == "up\n"
         assert find_workers("DOCTOR_TEST_MARKER", marker) == {3: child.pid}
         assert find_workers("DOCTOR_TEST_MARKER", "other") == {}
     finally:
