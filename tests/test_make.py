@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def notebook_commands(*variables: str) -> list[list[str]]:
     """The pytest commands of ``make test-notebooks`` (not run: ``make -n``), as argument lists."""
-    # under `make test NB_OVERWRITE=1` the outer make passes its variables down (MAKEFLAGS)
+    # under `make test NB_OVERWRITE=1` the outer make passes its variables down (MAKEFLAGS,
+    # and NB_OVERWRITE itself in the environment: ``variables`` set it on the command line)
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL")}
     printed = subprocess.run(["make", "-n", "--no-print-directory", "test-notebooks", *variables],
                              cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
@@ -29,7 +30,8 @@ def notebook_commands(*variables: str) -> list[list[str]]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("variables,folder", [((), "_executed/book"), (("NB_OVERWRITE=1",), "./book")])
+@pytest.mark.parametrize("variables,folder", [(("NB_OVERWRITE=",), "_executed/book"),
+                                              (("NB_OVERWRITE=1",), "./book")])
 def test_every_chapter_runs_once_and_those_that_measure_time_alone(variables, folder):
     chapters = {f"{folder}/{p.name}" for p in (ROOT / "book").glob("*.ipynb")}
     together, alone = notebook_commands(*variables)
