@@ -716,6 +716,11 @@ def stage_memory(m, lay, pol, batch, seq):
     return [memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
+def peak_memory(mems):
+    """What one GPU must hold: the largest of the stages' busiest ranks (``stage_memory``)."""
+    return max(sum(x.values()) for x in mems)
+
+
 def predict(m, lay, pol, hw, batch, seq):
     """The whole prediction: memory of each stage's busiest rank, the step and its parts,
     tokens/s a GPU and MFU against the data-sheet peak."""
@@ -723,7 +728,7 @@ def predict(m, lay, pol, hw, batch, seq):
     s = step(m, lay, pol, hw, batch, seq)
     peak = hw.peak_float8 if pol.float8 and hw.peak_float8 else hw.peak
     tokens = batch * seq / s["total"] / lay.world
-    return {"memory": mems, "peak_memory": max(sum(x.values()) for x in mems), "step": s,
+    return {"memory": mems, "peak_memory": peak_memory(mems), "step": s,
             "tokens_per_gpu": tokens, "mfu": flops(m, batch, seq) / s["total"] / lay.world / hw.peak,
             "peak_used": peak}
 

@@ -62,8 +62,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
         layouts = [lay for lay in layouts if search.name(lay) in QUICK]
     rows = []
     with up(Spec(nodes=NODES, ranks_per_node=RANKS_PER_NODE, link=LINK)) as cluster:
-        hw = (measure.cluster_hardware(p, cluster, seconds=QUICK_SECONDS, repeats=QUICK_REPEATS) if quick
-              else measure.cluster_hardware(p, cluster))
+        seconds, repeats = (QUICK_SECONDS, QUICK_REPEATS) if quick else (None, None)  # None: the program's
+        hw = measure.cluster_hardware(p, cluster, seconds=seconds, repeats=repeats)
         dt_hw = checks.dtensor_hardware(hw)
         report.add("cluster hardware", hw.peak / 1e9, "GFLOP/s a thread (best matmul)", links=hw.links,
                    cores=hw.cores, op_us=hw.op_seconds * 1e6, bandwidth_gb_s=hw.bandwidth / 1e9,

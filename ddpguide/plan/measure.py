@@ -124,21 +124,23 @@ def memory_ratios(p: ModuleType, layout, model, policy, seq: int, batch: int, re
             "predicted": max(predicted), "measured": max(measured)}
 
 
-def cluster_hardware(p: ModuleType, cluster, folder: Path | None = None, seconds: float = 0.1,
-                     repeats: int = 5):
+def cluster_hardware(p: ModuleType, cluster, folder: Path | None = None, seconds: float | None = None,
+                     repeats: int | None = None):
     """The hardware of a running emulated cluster: matmul rates, bandwidth and the cores its
     ranks get (``--measure --ranks`` all of them, on the host: the nodes share its cores), and
     each link level from ``--sweep`` across the nodes. A node's ranks share its one link.
-    ``seconds`` and ``repeats``: the program's ``--seconds`` and ``--repeats``."""
+    ``seconds`` and ``repeats``: the program's ``--seconds`` and ``--repeats`` (None: its
+    defaults)."""
     from ddpguide.cluster.launch import torchrun_on
 
     folder = Path(folder or scratch.folder("ddpguide-plan-cluster-"))
     path = folder / "hw.json"
     ranks = cluster.spec.nodes * cluster.spec.ranks_per_node
-    run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), "--seconds", f"{seconds:g}", echo=False,
-        timeout=300, workdir=folder / "measure")
-    ended = torchrun_on(cluster, [str(path_of("plan_cost.py")), "--sweep", str(path), "--repeats", str(repeats)],
-                        300, cwd=folder)
+    timing = ["--seconds", f"{seconds:g}"] if seconds is not None else []
+    sizes = ["--repeats", str(repeats)] if repeats is not None else []
+    run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
+        workdir=folder / "measure")
+    ended = torchrun_on(cluster, [str(path_of("plan_cost.py")), "--sweep", str(path), *sizes], 300, cwd=folder)
     failed = [(e.stderr.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
     if failed:
         raise RuntimeError("plan_cost.py --sweep on the cluster: " + " | ".join(failed))

@@ -145,7 +145,7 @@ def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) ->
 def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
     """Whether the layout's busiest rank fits (the memory half of ``predict`` alone), to skip
     the step's prediction of a layout that cannot be chosen."""
-    return max(sum(x.values()) for x in p.stage_memory(model, layout, _policy(p), batch, seq)) <= hw.memory
+    return p.peak_memory(p.stage_memory(model, layout, _policy(p), batch, seq)) <= hw.memory
 
 
 def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
