@@ -91,8 +91,8 @@ typecheck: $(STAMP)
 
 # The chapters whose outputs show times measured as they run (collectives' bandwidth, AMP's
 # speed, the cluster's links, the planner's and the failures' measured steps), and those with
-# a live widget (two of them, run beside another chapter, once each stalled 300 and
-# 600 s between two cells, never when run alone), run one at a time. The others, which mostly
+# a live widget (run beside another chapter, chapter 5 once stalled 300 s between a widget
+# cell and the next, chapter 2 once 600 s; neither ever did alone), run one at a time. The others, which mostly
 # wait (on agents, timeouts and joins: one at a time they leave about 44% of two cores idle),
 # run first, two at a time in two pytest-xdist workers.
 ALONE_CHAPTERS := 02_collectives 05_model_parallel 06_sbp 07_amp 15_cluster 16_plan 17_failures
