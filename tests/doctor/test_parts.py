@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpguide.core.processes import ephemeral_port
 from ddpguide.core.runtime import Runtime
 from ddpguide.doctor import collectives, consistency, facts, local, rendezvous, report, sweep, worker
 from ddpguide.doctor.options import Options, watchdog_limit_s
@@ -173,10 +172,14 @@ def test_key_prefix_separates_runs_and_restarts():
 
 
 def test_wait_for_endpoint_gives_up_at_its_deadline_with_its_message():
-    port = ephemeral_port()  # closed again: nothing listens there
-    started = time.monotonic()
-    with pytest.raises(rendezvous.RendezvousError) as caught:
-        rendezvous.wait_for_endpoint("127.0.0.1", port, started + 0.5, 0.5)
+    # bound and never listening: a connection is refused, and no other test's process can
+    # take the port meanwhile (a port closed again could be, and then it answers)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(rendezvous.RendezvousError) as caught:
+            rendezvous.wait_for_endpoint("127.0.0.1", port, started + 0.5, 0.5)
     elapsed = time.monotonic() - started
     assert 0.3 < elapsed < 3.0
     assert str(caught.value) == (f"nothing answered at MASTER_ADDR:MASTER_PORT=127.0.0.1:{port} "
