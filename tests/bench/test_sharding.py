@@ -14,6 +14,7 @@ RATIOS = ("fsdp_state_over_ddp_4ranks", "fsdp_peak_over_ddp_4ranks", "zero1_stat
 @pytest.mark.timeout(1200)
 @pytest.mark.multiprocess
 def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
+    from ddpguide.bench import sharding
     from ddpguide.bench.__main__ import main
 
     assert main(["sharding", "--quick", "--json", str(tmp_path / "sharding.json")]) == 0
@@ -32,6 +33,6 @@ def test_quick_mode_reports_the_named_ratios(tmp_path, capsys):
                          ("DDP", 4), ("ZeRO-1", 4), ("FSDP2", 4)):
         for what in ("state per rank", "peak of one step", "step"):
             assert f"{label}, {world} ranks: {what}" in names
-    parameters = report["measurements"][0]["details"]["parameters"]
-    assert 20e6 <= parameters <= 50e6
+    width, layers = sharding.QUICK_MLP
+    assert report["measurements"][0]["details"]["parameters"] == layers * (width * width + width)
     assert "fsdp_step_over_ddp_2ranks" in capsys.readouterr().out
