@@ -100,6 +100,22 @@ def _history(checkpoint, sharded: bool) -> list[dict[str, Any]]:
     return list(state.get("history", [])) if state else []
 
 
+#: in a node's log, once for each worker group whose rank 0 found its MASTER_PORT taken
+PORT_TAKEN = "name: EADDRINUSE"
+
+
+def failed_starts(cluster) -> dict[str, int]:
+    """Per node, the worker groups that failed to start because MASTER_PORT was taken.
+
+    With the store-sharing workaround, torch's agent picks each group's MASTER_PORT with
+    ``get_free_port`` (torch/distributed/elastic/utils/distributed.py), which binds port 0 and
+    closes the socket again: its docstring warns that another process may take the port
+    before rank 0 listens on it. Rank 0 then fails, and the agent restarts the group,
+    spending one of ``--max-restarts``."""
+    return {name: node.log.read_text(errors="replace").count(PORT_TAKEN) if node.log.exists() else 0
+            for name, node in cluster.nodes.items()}
+
+
 def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
     """The JSON report: events, completed epochs in order, recoveries, world sizes."""
     strategy = getattr(settings, "strategy", WorkerArgs.strategy)
@@ -127,6 +143,7 @@ def build_report(log: RunLog, cluster, settings) -> dict[str, Any]:
                     **({"saved_by": g["saved_by"]} if "saved_by" in g else {})}
                    for g in groups],
         "world_sizes": [g["world_size"] for g in groups],
+        "failed_starts": failed_starts(cluster),
         "recoveries": log.recoveries,
         "finished": finished and len(epochs) == settings.epochs,
         "duration_s": log.entries[-1]["time_s"] if log.entries else 0.0,
@@ -155,6 +172,10 @@ def summary(report: dict[str, Any]) -> str:
     for r in report["recoveries"]:
         lines.append(f"  {r['cause']:>5}: {r['seconds']:.1f} s to the first step at world "
                      f"size {r['world_size']} (resumed at epoch {r['epoch']})")
+    failed = {name: n for name, n in report.get("failed_starts", {}).items() if n}
+    if failed:
+        lines.append("  failed starts (MASTER_PORT taken before rank 0 listened, one restart each): "
+                     + ", ".join(f"node {name} {n}" for name, n in sorted(failed.items())))
     lines.append(f"  finished: {'yes' if report['finished'] else 'no'} "
                  f"after {report['duration_s']:.0f} s")
     return "\n".join(lines)

@@ -64,7 +64,15 @@ def test_report_and_summary_from_the_checkpoint_history(tmp_path):
                            history=_history([2, 4, 2, 2]))
     save_checkpoint(state, checkpoint)
     log = _scenario()
-    report = build_report(log, SimpleNamespace(checkpoint=checkpoint), DemoSettings(epochs=4))
+    # node A's first group failed to start: rank 0's MASTER_PORT was taken (torch's message)
+    (tmp_path / "node-A.log").write_text(
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+        "address. port: 43719, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n")
+    (tmp_path / "node-B.log").write_text("")
+    cluster = SimpleNamespace(checkpoint=checkpoint, nodes={
+        name: SimpleNamespace(log=tmp_path / f"node-{name}.log") for name in ("A", "B")})
+    report = build_report(log, cluster, DemoSettings(epochs=4))
+    assert report["failed_starts"] == {"A": 1, "B": 0}
     assert report["world_sizes"] == [2, 4, 2]  # groups that announced a start
     assert [(e["epoch"], e["world_size"], e["time_s"]) for e in report["epochs"]] == [
         (0, 2, 3.0), (1, 4, 7.0), (2, 2, 14.0), (3, 2, 25.0)]
@@ -77,10 +85,11 @@ def test_report_and_summary_from_the_checkpoint_history(tmp_path):
         "   join: 2.5 s to the first step at world size 4 (resumed at epoch 1)",
         "  leave: 3.0 s to the first step at world size 2 (resumed at epoch 2)",
         "  crash: 4.2 s to the first step at world size 2 (resumed at epoch 3)",
+        "  failed starts (MASTER_PORT taken before rank 0 listened, one restart each): node A 1",
         "  finished: yes after 26 s",
     ]
     # An epoch reported twice, or fewer epochs than planned, is said so.
     log.worker_event(_event(127.0, "epoch", 2, epoch=3, loss=0.25, seconds=1.0))
-    again = build_report(log, SimpleNamespace(checkpoint=checkpoint), DemoSettings(epochs=5))
+    again = build_report(log, cluster, DemoSettings(epochs=5))
     assert again["epochs_reported_twice"] == [3] and not again["finished"]
     assert "4 of 5, NOT each exactly once" in summary(again)

@@ -83,7 +83,7 @@ def test_the_report_of_a_sharded_run_names_its_reshards(tmp_path):
     for t, world, epoch, saved_by in ((101.0, 2, 0, None), (104.0, 4, 1, 2), (108.0, 2, 2, 4)):
         log.worker_event(_start(t, world, epoch, saved_by))
     log.worker_event({**_start(109.0, 2, 2, None), "event": "finished"})
-    report = build_report(log, SimpleNamespace(checkpoint=tmp_path / "checkpoint"),
+    report = build_report(log, SimpleNamespace(checkpoint=tmp_path / "checkpoint", nodes={}),
                           DemoSettings(epochs=3, strategy="fsdp"))
     assert lines[2] == ("   4.0 s  worker group of 4 resumes at epoch 1 from shards saved by 2 "
                         "ranks (node A, restart count 0)")
