@@ -82,13 +82,11 @@ def test_demo_joins_leaves_crashes_and_finishes_every_epoch_once(tmp_path):
     assert [r["cause"] for r in report["recoveries"]] == ["join", "leave", "crash"]
     groups = report["groups"]
     # The join costs no restart, the leave and the crash one each on node A; a start whose rank 0
-    # found MASTER_PORT taken one more (none in most runs), each named in the node's log.
+    # found MASTER_PORT taken one more (none in most runs; counted from the node logs, test_report.py).
     a_restarts = [g["restart"] for g in groups if g["node"] == "A"]
     failed = report["failed_starts"]
     assert groups[1]["restart"] <= failed[groups[1]["node"]], (groups, failed)
     assert a_restarts[-1] == 2 + failed["A"] and a_restarts[-1] > a_restarts[-2] > a_restarts[0], (groups, failed)
-    for node in ("A", "B"):
-        assert (workdir / f"node-{node}.log").read_text().count("name: EADDRINUSE") == failed[node]
     # Every epoch exactly once, in order; a resumed group starts after the saved epoch.
     epochs = report["epochs"]
     assert [e["epoch"] for e in epochs] == list(range(report["settings"]["epochs"]))
