@@ -90,13 +90,11 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The chapters whose outputs show times measured as they run (collectives' bandwidth, AMP's
-# speed, the cluster's links, the planner's and the failures' measured steps), and those with
-# a live widget, run one at a time. The others, which mostly wait (on agents, timeouts and
-# joins: one at a time they leave about 44% of two cores idle), run first, two at a time in
-# two pytest-xdist workers. A widget chapter has stalled between a widget cell and the next
-# for exactly its notebook's cell timeout (chapter 5: 300 s, twice, once alone; chapter 2:
-# 600 s), then gone on without an error: their timeouts are now 120 s (180 s for chapter 16).
-ALONE_CHAPTERS := 02_collectives 05_model_parallel 06_sbp 07_amp 15_cluster 16_plan 17_failures
+# speed, the cluster's links, the planner's and the failures' measured steps) run one at a
+# time, so that nothing else shares the machine while they measure. The others, which mostly
+# wait (on agents, timeouts and joins: one at a time they leave about 44% of two cores idle),
+# run first, two at a time in two pytest-xdist workers.
+ALONE_CHAPTERS := 02_collectives 07_amp 15_cluster 16_plan 17_failures
 CHAPTER_WORKERS ?= 2
 NB_DIR := $(EXECUTED)/book
 

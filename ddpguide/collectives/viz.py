@@ -180,14 +180,15 @@ def ring_step_slider(states: Sequence[Sequence[torch.Tensor]]):
     """An ipywidgets slider over the steps of the ring (live in JupyterLab)."""
     import ipywidgets as widgets
 
-    steps = len(states[0]) - 1
+    from ddpguide.core.widgets import live
 
-    def show(step: int) -> None:
+    def show(step: int) -> Figure:
         fig, ax = plt.subplots(figsize=(4, 0.9 + 0.5 * len(states)))
         _ring_panel(ax, states, step)
-        plt.show()
+        return fig
 
-    return widgets.interactive(show, step=widgets.IntSlider(0, 0, steps, 1, description="step"))
+    steps = len(states[0]) - 1
+    return live(show, {"step": widgets.IntSlider(0, 0, steps, 1, description="step")})
 
 
 def plot_bandwidth(results: dict[int, dict[str, float]], world: int, cases: Sequence[str] | None = None

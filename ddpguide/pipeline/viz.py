@@ -69,25 +69,28 @@ def plot_schedules(stages: int = 4, microbatches: int = 8, schedules=("GPipe", "
 
 
 def schedule_widget(stages: int = 4, microbatches: int = 8):
-    """Sliders for p and m, and the backward cost, redrawing both schedules (live in JupyterLab)."""
+    """Sliders for p and m, and the backward cost, redrawing both schedules (live in JupyterLab).
+
+    A schedule the library refuses for these p and m is left out, and its ``ValueError`` is
+    shown above the chart.
+    """
+    import html
+
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
 
-    def draw(stages: int, microbatches: int, backward_cost: int) -> None:
-        for name in ("GPipe", "1F1B"):
-            if (why := zoo.library_refusal(name, stages, microbatches)) is not None:
-                print(f"{name}: {why}")
-        names = [n for n in ("GPipe", "1F1B") if zoo.library_refusal(n, stages, microbatches) is None]
-        fig = plot_schedules(stages, microbatches, names, costs=Costs(F=1, B=backward_cost))
-        plt.show()
-        plt.close(fig)
+    from ddpguide.core.widgets import live
 
-    return widgets.interactive(
-        draw,
-        stages=widgets.IntSlider(value=stages, min=2, max=8, description="stages p"),
-        microbatches=widgets.IntSlider(value=microbatches, min=1, max=16, description="micro-batches m"),
-        backward_cost=widgets.IntSlider(value=2, min=1, max=3, description="backward cost"),
-    )
+    def draw(stages: int, microbatches: int, backward_cost: int):
+        refused = {n: zoo.library_refusal(n, stages, microbatches) for n in ("GPipe", "1F1B")}
+        names = [n for n, why in refused.items() if why is None]
+        note = "".join(f"<p>{n}: {html.escape(why)}</p>" for n, why in refused.items() if why is not None)
+        return note, plot_schedules(stages, microbatches, names, costs=Costs(F=1, B=backward_cost))
+
+    return live(draw, {
+        "stages": widgets.IntSlider(value=stages, min=2, max=8, description="stages p"),
+        "microbatches": widgets.IntSlider(value=microbatches, min=1, max=16, description="micro-batches m"),
+        "backward_cost": widgets.IntSlider(value=2, min=1, max=3, description="backward cost"),
+    })
 
 
 def plot_action_timelines(pp: int = 4, microbatches: int = 8, schedules=None,

@@ -67,17 +67,18 @@ def static_html(p, cases: list[tuple[str, int, str, int, int]], top: int = 5) ->
 def explorer(p):
     """The form, live in JupyterLab: every change ranks the layouts again."""
     import ipywidgets as widgets
-    from IPython.display import HTML, display
 
-    def draw(model: str, gpus: int, hardware: str, seq: int, batch: int) -> None:
+    from ddpguide.core.widgets import live
+
+    def draw(model: str, gpus: int, hardware: str, seq: int, batch: int) -> str:
         rows, hw = case(p, model, gpus, hardware, seq, batch)
-        display(HTML(ranked_html(rows, hw)))
+        return ranked_html(rows, hw)
 
-    return widgets.interactive(
-        draw,
-        model=widgets.Dropdown(options=[m for m in catalog.MODELS if not m.startswith("gpt")], value="llama3-8b"),
-        gpus=widgets.Dropdown(options=[8, 16, 32, 64, 128], value=8),
-        hardware=widgets.Dropdown(options=list(catalog.HARDWARE), value="H100"),
-        seq=widgets.Dropdown(options=[2048, 4096, 8192, 32768], value=8192),
-        batch=widgets.Dropdown(options=[8, 16, 32, 64, 128, 256], value=16, description="global batch"),
-    )
+    return live(draw, {
+        "model": widgets.Dropdown(options=[m for m in catalog.MODELS if not m.startswith("gpt")], value="llama3-8b",
+                                  description="model"),
+        "gpus": widgets.Dropdown(options=[8, 16, 32, 64, 128], value=8, description="gpus"),
+        "hardware": widgets.Dropdown(options=list(catalog.HARDWARE), value="H100", description="hardware"),
+        "seq": widgets.Dropdown(options=[2048, 4096, 8192, 32768], value=8192, description="seq"),
+        "batch": widgets.Dropdown(options=[8, 16, 32, 64, 128, 256], value=16, description="global batch"),
+    })

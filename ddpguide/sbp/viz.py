@@ -82,27 +82,21 @@ def explorer(shape: Sequence[int] = (4, 6), mesh: str = "2D: 2 x 2",
              sbp: Sequence[str] = ("B", "S(0)")):
     """An ipywidgets panel around :func:`draw_layout` (live in JupyterLab)."""
     import ipywidgets as widgets
-    from IPython.display import display
 
-    mesh_box = widgets.Dropdown(options=list(MESH_CHOICES), value=mesh, description="mesh")
-    rows = widgets.IntSlider(value=shape[0], min=1, max=8, description="rows")
-    cols = widgets.IntSlider(value=shape[1], min=1, max=8, description="columns")
+    from ddpguide.core.widgets import live
+
+    controls = {"mesh": widgets.Dropdown(options=list(MESH_CHOICES), value=mesh, description="mesh"),
+                "rows": widgets.IntSlider(value=shape[0], min=1, max=8, description="rows"),
+                "cols": widgets.IntSlider(value=shape[1], min=1, max=8, description="columns")}
     dims = [widgets.Dropdown(options=SBP_CHOICES, value=s, description=f"mesh dim {i}")
             for i, s in enumerate(sbp)]
-    out = widgets.Output()
+    controls.update({f"dim{i}": d for i, d in enumerate(dims)})
 
-    def redraw(*_):
-        mesh_shape = MESH_CHOICES[mesh_box.value]
+    def redraw(mesh: str, rows: int, cols: int, **placements: str):
+        mesh_shape = MESH_CHOICES[mesh]
         dims[1].disabled = len(mesh_shape) == 1
-        chosen = [d.value for d in dims[: len(mesh_shape)]]
-        with out:
-            out.clear_output(wait=True)
-            fig = draw_layout((rows.value, cols.value), mesh_shape, chosen)
-            display(fig)
-            plt.close(fig)
+        return draw_layout((rows, cols), mesh_shape, list(placements.values())[: len(mesh_shape)])
 
-    for w in (mesh_box, rows, cols, *dims):
-        w.observe(redraw, names="value")
-    redraw()
-    controls = widgets.VBox([mesh_box, widgets.HBox([rows, cols]), widgets.HBox(dims)])
-    return widgets.VBox([controls, out])
+    arrange = widgets.VBox([controls["mesh"], widgets.HBox([controls["rows"], controls["cols"]]),
+                            widgets.HBox(dims)])
+    return live(redraw, controls, arrange)

@@ -113,8 +113,13 @@ def test_the_ring_figure_has_one_panel_per_step_with_the_received_chunk_outlined
 def test_the_slider_spans_every_step_of_the_ring():
     states = [[torch.zeros(2)] * 3 for _ in range(2)]
     slider = viz.ring_step_slider(states)
-    (control,) = [c for c in slider.children if getattr(c, "description", "") == "step"]
-    assert (control.min, control.max, control.value) == (0, 2, 0)
+    (controls, _, image) = slider.children
+    (control,) = controls.children
+    assert (control.description, control.min, control.max, control.value) == ("step", 0, 2, 0)
+    first = bytes(image.value)
+    control.value = 2
+    assert first.startswith(b"\x89PNG") and bytes(image.value).startswith(b"\x89PNG")
+    assert bytes(image.value) != first
 
 
 def test_the_bandwidth_figure_plots_bytes_per_second_and_the_ratio_to_gloo():

@@ -27,16 +27,18 @@ def test_static_figure_shows_both_schedules():
     plt.close(fig)
 
 
-def test_widget_has_three_sliders_and_names_a_refusal(capsys):
+def test_widget_has_three_sliders_and_names_a_refusal():
     widget = viz.schedule_widget(stages=3, microbatches=5)
-    sliders = {c.description: c.value for c in widget.children[:-1]}
+    controls, note, image = widget.children
+    sliders = {c.description: c.value for c in controls.children}
     assert sliders == {"stages p": 3, "micro-batches m": 5, "backward cost": 2}
-    import matplotlib.pyplot as plt
+    assert note.value == "" and bytes(image.value).startswith(b"\x89PNG")
+    both = bytes(image.value)
 
-    widget.children[1].value = 2  # m = 2 < p = 3: the library's 1F1B refuses it
-    plt.close("all")
-    assert "1F1B: Number of microbatches (2) must be greater than or equal to the number of stages (3)." \
-        in capsys.readouterr().out
+    controls.children[1].value = 2  # m = 2 < p = 3: the library's 1F1B refuses it
+    assert note.value == ("<p>1F1B: Number of microbatches (2) must be greater than or equal to the "
+                          "number of stages (3).</p>")
+    assert bytes(image.value).startswith(b"\x89PNG") and bytes(image.value) != both  # GPipe alone
 
 
 def test_timeline_figure_titles_carry_the_counts():

@@ -12,6 +12,11 @@ def test_static_html_has_a_table_and_bars_per_case():
     assert "FSDP 8" in page and "parameters:" in page and "GiB" in page
 
 
-def test_explorer_draws_the_default_case():
-    widget = viz.explorer(search.program())
-    assert [c.description for c in widget.children[:5]] == ["model", "gpus", "hardware", "seq", "global batch"]
+def test_explorer_draws_the_default_case_and_ranks_again_on_a_change():
+    p = search.program()
+    controls, table, image = viz.explorer(p).children
+    assert [c.description for c in controls.children] == ["model", "gpus", "hardware", "seq", "global batch"]
+    assert table.value == viz.ranked_html(*viz.case(p, "llama3-8b", 8, "H100", 8192, 16))
+    assert image.layout.display == "none"
+    controls.children[1].value = 16
+    assert table.value == viz.ranked_html(*viz.case(p, "llama3-8b", 16, "H100", 8192, 16))

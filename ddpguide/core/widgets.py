@@ -1,0 +1,65 @@
+"""The chapters' live widgets: controls that redraw a figure or a table on every change.
+
+:func:`live` shows what its ``render`` returns in an ipywidgets ``Image`` (a figure, as PNG)
+and an ``HTML`` (text), never in an ``Output`` widget. nbclient, which runs the chapters for
+``pytest --nbmake`` and ``jupyter-book``, answers every output that an ``Output`` widget
+captures with a ``comm_msg`` on the kernel's shell socket, from the task that reads IOPub, while
+another task polls that socket for the cell's reply. Under load that poll can miss the reply
+and wait out the cell's whole timeout before it reads it and goes on without an error
+(jupyter/nbclient#312). An ``Image`` or ``HTML`` widget's new value goes out from the kernel
+and nothing is sent back.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import traceback
+from typing import Any, Callable
+
+
+def png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (closed afterwards, so it is not also shown inline)."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def live(render: Callable[..., Any], controls: dict[str, Any], arrange: Any = None) -> Any:
+    """``controls`` (name -> ipywidgets control) above what ``render(**values)`` returns.
+
+    ``render`` returns a matplotlib figure, a string of HTML, or a tuple of both (the HTML
+    above the figure). It runs once here, so an error in the first drawing raises in the
+    cell; an error in a later one is shown in place of the drawing. ``arrange`` is a box
+    holding the controls in another layout (default: one above the other).
+    """
+    import ipywidgets as widgets
+
+    note, image = widgets.HTML(), widgets.Image(format="png")
+
+    def show(drawing: Any) -> None:
+        parts = drawing if isinstance(drawing, tuple) else (drawing,)
+        texts = [p for p in parts if isinstance(p, str)]
+        figures = [p for p in parts if p is not None and not isinstance(p, str)]
+        note.value = "".join(texts)
+        image.value = png(figures[0]) if figures else b""
+        note.layout.display = None if texts else "none"
+        image.layout.display = None if figures else "none"
+
+    def values() -> dict[str, Any]:
+        return {name: control.value for name, control in controls.items()}
+
+    def redraw(_change: Any = None) -> None:
+        try:
+            show(render(**values()))
+        except Exception:  # a live change: say it where the drawing was
+            show(f"<pre>{html.escape(traceback.format_exc(limit=3))}</pre>")
+
+    show(render(**values()))
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    box = arrange if arrange is not None else widgets.VBox(list(controls.values()))
+    return widgets.VBox([box, note, image])

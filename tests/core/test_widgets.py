@@ -1,0 +1,85 @@
+"""The chapters' live widgets: what ``live`` draws, how it redraws, and that no widget of the
+package captures output in an ``Output`` widget (the reason is in ``ddpguide.core.widgets``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import pytest
+
+from ddpguide.core.widgets import live, png
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ddpguide"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _line(n: int):
+    fig, ax = plt.subplots(figsize=(2, 1))
+    ax.plot(range(n))
+    return fig
+
+
+def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
+    calls = []
+
+    def render(n: int, label: str):
+        calls.append((n, label))
+        return _line(n)
+
+    n, label = widgets.IntSlider(value=3, min=2, max=9), widgets.Text(value="a")
+    controls, note, image = live(render, {"n": n, "label": label}).children
+    assert controls.children == (n, label) and calls == [(3, "a")]
+    assert bytes(image.value).startswith(PNG) and image.layout.display is None
+    assert note.value == "" and note.layout.display == "none"
+    first = bytes(image.value)
+    n.value = 7
+    label.value = "b"
+    assert calls == [(3, "a"), (7, "a"), (7, "b")]
+    assert bytes(image.value).startswith(PNG) and bytes(image.value) != first
+    assert plt.get_fignums() == []  # each figure closed once drawn: nothing left to show inline
+
+
+def test_html_a_tuple_and_an_arrangement():
+    n = widgets.IntSlider(value=2)
+    box = widgets.HBox([n])
+    controls, note, image = live(lambda n: f"<b>{n}</b>", {"n": n}, box).children
+    assert controls is box and note.value == "<b>2</b>" and image.layout.display == "none"
+    n.value = 5
+    assert note.value == "<b>5</b>"
+
+    controls, note, image = live(lambda n: ("<p>both</p>", _line(n)), {"n": widgets.IntSlider(value=3)}).children
+    assert note.value == "<p>both</p>" and bytes(image.value).startswith(PNG)
+    assert note.layout.display is None and image.layout.display is None
+
+
+def test_an_error_raises_in_the_first_drawing_and_is_shown_in_a_later_one():
+    def render(n: int):
+        if n > 4:
+            raise ValueError(f"n = {n} > 4 & too big")
+        return _line(n)
+
+    with pytest.raises(ValueError, match="n = 5 > 4"):
+        live(render, {"n": widgets.IntSlider(value=5)})
+    n = widgets.IntSlider(value=3)
+    _, note, image = live(render, {"n": n}).children
+    n.value = 6
+    assert note.value.startswith("<pre>") and "ValueError: n = 6 &gt; 4 &amp; too big" in note.value
+    assert image.layout.display == "none"
+    n.value = 2
+    assert note.value == "" and bytes(image.value).startswith(PNG)
+
+
+def test_png_closes_the_figure():
+    fig = _line(2)
+    assert png(fig).startswith(PNG) and not plt.fignum_exists(fig.number)
+
+
+def test_no_widget_of_the_package_captures_output():
+    capture = re.compile(r"widgets\.(Output|interactive|interact|interactive_output)\b|@interact\b")
+    found = [f"{path.relative_to(PACKAGE)}:{i}: {line.strip()}"
+             for path in sorted(PACKAGE.rglob("*.py")) if path.name != "widgets.py"
+             for i, line in enumerate(path.read_text().splitlines(), 1) if capture.search(line)]
+    assert found == [], "draw through ddpguide.core.widgets.live (an Image or HTML widget):\n" + "\n".join(found)
