@@ -83,25 +83,30 @@ def program_folder() -> Path:
 
 def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int = 1,
              join_after_epoch: int = 1, timeout: float = 150.0, share_store: bool = False,
-             read_timeout: int | None = None,
+             read_timeout: int | None = None, a_read_timeout: int | None = None,
              failure_grace_s: float = FAILURE_GRACE_S) -> JoinRun:
     """Run the program under agent A; start agent B once epoch ``join_after_epoch`` is logged.
 
     Both agents run the same command in the same folder (a copy of the program);
     every process is gone when this returns, even on a timeout. ``share_store``
-    and ``read_timeout`` go to :func:`agent_settings`; ``failure_grace_s`` is how
-    long one agent may run on after the other has failed.
+    and ``read_timeout`` go to :func:`agent_settings` (``a_read_timeout``, when given,
+    is A's instead); ``failure_grace_s`` is how long one agent may run on after the
+    other has failed.
     """
     workdir = program_folder()
     settings = agent_settings(store_port(), nproc_per_node, share_store, read_timeout)
+    a_settings = settings if a_read_timeout is None else replace(
+        settings, rdzv_conf={**settings.rdzv_conf, "read_timeout": str(a_read_timeout)})
     args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
-    first = Agent("A", torchrun_args=tuple(settings.torchrun_args()), module=PROGRAM,
-                  module_args=args, env=settings.environment(), cwd=str(workdir))
+
+    def agent(name: str, chosen: AgentSettings, start_when=None) -> Agent:
+        return Agent(name, torchrun_args=tuple(chosen.torchrun_args()), module=PROGRAM, module_args=args,
+                     env=chosen.environment(), cwd=str(workdir), start_when=start_when)
 
     def a_has_trained() -> bool:
         return any(r["epoch"] >= join_after_epoch for r in read_log(workdir / LOG))
 
-    agents = [first, replace(first, name="B", start_when=a_has_trained)]
+    agents = [agent("A", a_settings), agent("B", settings, a_has_trained)]
     runs = run_agents(agents, timeout=timeout, failure_grace_s=failure_grace_s)
     return JoinRun(runs, workdir, epochs, nproc_per_node)
 
@@ -112,13 +117,16 @@ def run_scale_up_hang(read_timeout: int = 5, epoch_seconds: float = 0.4,
 
     B waits for ``MASTER_ADDR`` under the keys of the round it joined, which
     nobody writes, and fails after ``read_timeout`` seconds with a
-    ``DistStoreError`` (torchrun's default read timeout is 60 s). A fails on its own
-    wait for B's role in that round, about a second apart; A may take 10 s more to
-    end (it stops its workers first), which a loaded machine needs.
+    ``DistStoreError`` (torchrun's default read timeout is 60 s). A waits for B's
+    role in that round and fails the same way, after twice ``read_timeout``: A hosts
+    the rendezvous store, and were A first to end, B's wait would end on a closed
+    connection instead (on an idle machine B's wait starts about a second before A's;
+    on a loaded one, B can be the later to see the round complete). A may take
+    ``read_timeout`` + 10 s to end after B (it stops its workers first).
     """
     return run_join(epochs=24, epoch_seconds=epoch_seconds, join_after_epoch=0,
                     timeout=timeout, share_store=True, read_timeout=read_timeout,
-                    failure_grace_s=10.0)
+                    a_read_timeout=2 * read_timeout, failure_grace_s=read_timeout + 10.0)
 
 
 def store_errors(run: JoinRun) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ddpguide.elastic.program import check_join, run_join
@@ -51,5 +53,6 @@ def test_without_the_workaround_the_late_agent_fails_on_a_key_nobody_writes():
     assert f"/torch.rendezvous.{run.rdzv_id}.1/torchelastic/role_info/1" in errors["A"]
     assert {r["world_size"] for r in run.records()} == {1}  # nobody trained at world size 2
     command = run.agents[1].agent.shell_command()
-    assert command.startswith("torchrun --nnodes=1:2 ") and "read_timeout=5" in command
+    assert command.startswith("torchrun --nnodes=1:2 ") and re.search(r"\bread_timeout=5\b", command)
+    assert re.search(r"\bread_timeout=10\b", run.agents[0].agent.shell_command())  # B gives up first: A hosts the store
     assert processes_of_launch(run.agents[0].launch_id) == []
