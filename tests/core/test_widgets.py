@@ -23,11 +23,12 @@ def _line(n: int):
 
 
 def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
-    calls = []
+    calls, figures = [], []
 
     def render(n: int, label: str):
         calls.append((n, label))
-        return _line(n)
+        figures.append(_line(n))
+        return figures[-1]
 
     n, label = widgets.IntSlider(value=3, min=2, max=9), widgets.Text(value="a")
     controls, note, image = live(render, {"n": n, "label": label}).children
@@ -39,7 +40,8 @@ def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
     label.value = "b"
     assert calls == [(3, "a"), (7, "a"), (7, "b")]
     assert bytes(image.value).startswith(PNG) and bytes(image.value) != first
-    assert plt.get_fignums() == []  # each figure closed once drawn: nothing left to show inline
+    # each figure closed once drawn: nothing left for the inline backend to show again
+    assert len(figures) == 3 and not any(plt.fignum_exists(f.number) for f in figures)
 
 
 def test_html_a_tuple_and_an_arrangement():
