@@ -32,22 +32,25 @@ def live(render: Callable[..., Any], controls: dict[str, Any], arrange: Any = No
     """``controls`` (name -> ipywidgets control) above what ``render(**values)`` returns.
 
     ``render`` returns a matplotlib figure, a string of HTML, or a tuple of both (the HTML
-    above the figure). It runs once here, so an error in the first drawing raises in the
-    cell; an error in a later one is shown in place of the drawing. ``arrange`` is a box
-    holding the controls in another layout (default: one above the other).
+    above the figure). The panel holds the controls and only the parts the latest drawing
+    has (an ``Image`` with no picture would be a broken image in the HTML book). ``render``
+    runs once here, so an error in the first drawing raises in the cell; an error in a later
+    one is shown in place of the drawing. ``arrange`` is a box holding the controls in
+    another layout (default: one above the other).
     """
     import ipywidgets as widgets
 
-    note, image = widgets.HTML(), widgets.Image(format="png")
+    box = arrange if arrange is not None else widgets.VBox(list(controls.values()))
+    note, image, panel = widgets.HTML(), widgets.Image(format="png"), widgets.VBox([box])
 
     def show(drawing: Any) -> None:
         parts = drawing if isinstance(drawing, tuple) else (drawing,)
-        texts = [p for p in parts if isinstance(p, str)]
+        texts = [p for p in parts if isinstance(p, str) and p]
         figures = [p for p in parts if p is not None and not isinstance(p, str)]
         note.value = "".join(texts)
-        image.value = png(figures[0]) if figures else b""
-        note.layout.display = None if texts else "none"
-        image.layout.display = None if figures else "none"
+        if figures:
+            image.value = png(figures[0])
+        panel.children = [box] + ([note] if texts else []) + ([image] if figures else [])
 
     def values() -> dict[str, Any]:
         return {name: control.value for name, control in controls.items()}
@@ -61,5 +64,4 @@ def live(render: Callable[..., Any], controls: dict[str, Any], arrange: Any = No
     show(render(**values()))
     for control in controls.values():
         control.observe(redraw, names="value")
-    box = arrange if arrange is not None else widgets.VBox(list(controls.values()))
-    return widgets.VBox([box, note, image])
+    return panel

@@ -113,7 +113,7 @@ def test_the_ring_figure_has_one_panel_per_step_with_the_received_chunk_outlined
 def test_the_slider_spans_every_step_of_the_ring():
     states = [[torch.zeros(2)] * 3 for _ in range(2)]
     slider = viz.ring_step_slider(states)
-    (controls, _, image) = slider.children
+    controls, image = slider.children
     (control,) = controls.children
     assert (control.description, control.min, control.max, control.value) == ("step", 0, 2, 0)
     first = bytes(image.value)

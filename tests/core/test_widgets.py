@@ -31,14 +31,14 @@ def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
         return figures[-1]
 
     n, label = widgets.IntSlider(value=3, min=2, max=9), widgets.Text(value="a")
-    controls, note, image = live(render, {"n": n, "label": label}).children
+    panel = live(render, {"n": n, "label": label})
+    controls, image = panel.children
     assert controls.children == (n, label) and calls == [(3, "a")]
-    assert bytes(image.value).startswith(PNG) and image.layout.display is None
-    assert note.value == "" and note.layout.display == "none"
+    assert isinstance(image, widgets.Image) and bytes(image.value).startswith(PNG)
     first = bytes(image.value)
     n.value = 7
     label.value = "b"
-    assert calls == [(3, "a"), (7, "a"), (7, "b")]
+    assert calls == [(3, "a"), (7, "a"), (7, "b")] and panel.children == (controls, image)
     assert bytes(image.value).startswith(PNG) and bytes(image.value) != first
     # each figure closed once drawn: nothing left for the inline backend to show again
     assert len(figures) == 3 and not any(plt.fignum_exists(f.number) for f in figures)
@@ -47,14 +47,14 @@ def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
 def test_html_a_tuple_and_an_arrangement():
     n = widgets.IntSlider(value=2)
     box = widgets.HBox([n])
-    controls, note, image = live(lambda n: f"<b>{n}</b>", {"n": n}, box).children
-    assert controls is box and note.value == "<b>2</b>" and image.layout.display == "none"
-    n.value = 5
-    assert note.value == "<b>5</b>"
-
-    controls, note, image = live(lambda n: ("<p>both</p>", _line(n)), {"n": widgets.IntSlider(value=3)}).children
-    assert note.value == "<p>both</p>" and bytes(image.value).startswith(PNG)
-    assert note.layout.display is None and image.layout.display is None
+    panel = live(lambda n: f"<b>{n}</b>" if n < 5 else ("<p>both</p>", _line(n)), {"n": n}, box)
+    controls, note = panel.children  # no image: an empty one is a broken picture in the HTML book
+    assert controls is box and isinstance(note, widgets.HTML) and note.value == "<b>2</b>"
+    n.value = 6
+    assert panel.children[:2] == (box, note) and note.value == "<p>both</p>"
+    assert bytes(panel.children[2].value).startswith(PNG)
+    n.value = 3
+    assert panel.children == (box, note) and note.value == "<b>3</b>"
 
 
 def test_an_error_raises_in_the_first_drawing_and_is_shown_in_a_later_one():
@@ -66,12 +66,13 @@ def test_an_error_raises_in_the_first_drawing_and_is_shown_in_a_later_one():
     with pytest.raises(ValueError, match="n = 5 > 4"):
         live(render, {"n": widgets.IntSlider(value=5)})
     n = widgets.IntSlider(value=3)
-    _, note, image = live(render, {"n": n}).children
+    panel = live(render, {"n": n})
+    controls, image = panel.children
     n.value = 6
+    (_, note) = panel.children
     assert note.value.startswith("<pre>") and "ValueError: n = 6 &gt; 4 &amp; too big" in note.value
-    assert image.layout.display == "none"
     n.value = 2
-    assert note.value == "" and bytes(image.value).startswith(PNG)
+    assert panel.children == (controls, image) and bytes(image.value).startswith(PNG)
 
 
 def test_png_closes_the_figure():
