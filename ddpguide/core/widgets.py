@@ -40,8 +40,13 @@ def live(render: Callable[..., Any], controls: dict[str, Any], arrange: Any = No
     """
     import ipywidgets as widgets
 
+    for control in controls.values():  # each label in full ("micro-batches m", not "micro-bat...")
+        if hasattr(getattr(control, "style", None), "description_width"):
+            control.style.description_width = "initial"
     box = arrange if arrange is not None else widgets.VBox(list(controls.values()))
-    note, image, panel = widgets.HTML(), widgets.Image(format="png"), widgets.VBox([box])
+    # flex-start: a picture at its own width (narrowed to the page's, never widened to it)
+    image = widgets.Image(format="png", layout=widgets.Layout(align_self="flex-start"))
+    note, panel = widgets.HTML(), widgets.VBox([box])
 
     def show(drawing: Any) -> None:
         parts = drawing if isinstance(drawing, tuple) else (drawing,)

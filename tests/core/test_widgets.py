@@ -34,6 +34,7 @@ def test_a_figure_is_shown_as_png_and_drawn_again_on_every_change():
     panel = live(render, {"n": n, "label": label})
     controls, image = panel.children
     assert controls.children == (n, label) and calls == [(3, "a")]
+    assert n.style.description_width == label.style.description_width == "initial"  # labels in full
     assert isinstance(image, widgets.Image) and bytes(image.value).startswith(PNG)
     first = bytes(image.value)
     n.value = 7
