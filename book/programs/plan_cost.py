@@ -746,7 +746,7 @@ def _busy(barrier, out, seconds):
     """One of several processes: the rate of a middle-sized matmul while the others run theirs."""
     torch.set_num_threads(1)
     a, b = torch.randn(256, 256), torch.randn(256, 256)
-    barrier.wait()
+    barrier.wait(timeout=60)  # a sibling that never came: BrokenBarrierError, not a hang
     out.put(2 * 256**3 / _timed(lambda: a @ b, seconds))
 
 
@@ -792,7 +792,9 @@ def measure(path, ranks=1, seconds=0.1):
         alone = max(2 * 256**3 / _timed(lambda: a @ b, seconds) for _ in range(5))
         ctx = multiprocessing.get_context("fork")
         barrier, out = ctx.Barrier(ranks), ctx.Queue()
-        procs = [ctx.Process(target=_busy, args=(barrier, out, 10 * seconds)) for _ in range(ranks)]
+        # daemons: whatever happens here, none outlives this process
+        procs = [ctx.Process(target=_busy, args=(barrier, out, 10 * seconds), daemon=True)
+                 for _ in range(ranks)]
         for proc in procs:
             proc.start()
         rates = [out.get(timeout=120) for _ in procs]
