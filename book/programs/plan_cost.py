@@ -85,9 +85,13 @@ class Layout:
     accumulate: int = 1  # micro-steps a step, gradients synchronised once (a pipeline: more micro-batches)
     zero: int = 0  # 1: AdamW's state split over the dp_replicate ranks (ZeRO-1), weights gathered after
 
+    def sizes(self) -> dict:
+        """Each axis's size, outermost first."""
+        return {a: getattr(self, a) for a in AXES}
+
     @property
     def world(self):
-        return math.prod(getattr(self, a) for a in AXES)
+        return math.prod(self.sizes().values())
 
     @property
     def data_parallel(self):

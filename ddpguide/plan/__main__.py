@@ -13,27 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from types import ModuleType
+from typing import Any
 
-from ddpguide.plan import catalog, search
+from ddpguide.core.commands import InputError, OneLineParser
+from ddpguide.plan import catalog, hardware, render, search
 
 SHAPE = ("layers", "dim", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2
-        sys.stderr.write(f"python -m ddpguide.plan: {message}\n")
-        raise SystemExit(2)
+PROG = "python -m ddpguide.plan"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m ddpguide.plan", description=__doc__.splitlines()[0])
+    """The command's options."""
+    p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="gpt", help=f"one of {', '.join(catalog.MODELS)}")
     for name in SHAPE:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, help="change the model's shape")
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, help="(default: the hardware's)")
     p.add_argument("--hardware", default="H100",
-                   help=f"{', '.join(catalog.HARDWARE)}, this-machine (measured now), cluster (chapter 15's "
+                   help=f"{', '.join(catalog.HARDWARE)} (any case), this-machine (measured now), cluster (chapter 15's "
                    "emulated nodes, measured now), or a JSON file")
     p.add_argument("--link", help="with --hardware cluster: the rate of each node's link (default 20mbit)")
     p.add_argument("--dtype", default="", help=f"one of {', '.join(catalog.POLICIES)} "
@@ -46,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def check(args) -> str | None:
+def check(args: argparse.Namespace) -> str | None:
     """The first thing wrong with the options (None: all is well)."""
     if args.model not in catalog.MODELS:
         return f"--model {args.model}: not one of {', '.join(catalog.MODELS)}"
@@ -57,19 +56,24 @@ def check(args) -> str | None:
             return f"--{name.replace('_', '-')} {value}: must be at least {low}"
     if args.dtype and args.dtype not in catalog.POLICIES:
         return f"--dtype {args.dtype}: not one of {', '.join(catalog.POLICIES)}"
-    known = (*catalog.HARDWARE, "this-machine", "cluster")
-    if args.hardware not in known and not args.hardware.endswith(".json"):
-        return f"--hardware {args.hardware}: not one of {', '.join(known)} nor a .json file"
-    if args.hardware.endswith(".json"):
-        import os
-        if not os.path.isfile(args.hardware):
-            return f"--hardware {args.hardware}: no such file"
+    sheet = None  # a data sheet or a file: known before anything runs
+    if args.hardware not in hardware.MEASURED:
+        try:
+            sheet = hardware.load(search.program(), args.hardware)
+        except InputError as error:
+            return str(error)
+    if sheet is not None:
+        per_node = args.gpus_per_node or sheet.gpus_per_node
+        try:
+            render.nodes(args.gpus, per_node)
+        except render.Unrunnable:
+            return (f"--gpus {args.gpus}: does not fill whole nodes of {per_node} GPUs "
+                    f"(--gpus-per-node {per_node}); plan a multiple of {per_node}")
     if args.link is not None and args.hardware != "cluster":
         return f"--link {args.link}: only with --hardware cluster"
     if args.hardware == "cluster":
         from ddpguide.cluster.netns import missing_prerequisite
         from ddpguide.cluster.spec import MAX_NODES, parse_rate
-        from ddpguide.core.commands import InputError
 
         per_node = args.gpus_per_node or 2
         if args.gpus % per_node or not 2 <= args.gpus // per_node <= MAX_NODES:
@@ -91,28 +95,25 @@ def check(args) -> str | None:
     return None
 
 
-def hardware_of(p, args):
-    """The hardware's figures: a data sheet, or measured now (this machine, or the cluster)."""
-    from ddpguide.plan import measure
-
-    if args.hardware in catalog.HARDWARE:
-        hw = catalog.hardware(p, args.hardware)
-    elif args.hardware == "cluster":
+def hardware_of(p: ModuleType, args: argparse.Namespace) -> Any:
+    """The hardware's figures: a data sheet, a file, or measured now (this machine, or the cluster)."""
+    if args.hardware == "cluster":
         from ddpguide.cluster import Spec, up
+        from ddpguide.plan import measure
 
         per_node = args.gpus_per_node or 2
         with up(Spec(nodes=args.gpus // per_node, ranks_per_node=per_node, link=args.link or "20mbit")) as cluster:
             print(f"measuring the emulated cluster ({cluster.spec.nodes} nodes x {per_node}, "
                   f"{cluster.spec.link} links)...", file=sys.stderr, flush=True)
             return measure.cluster_hardware(p, cluster)
-    else:
-        hw = measure.hardware(p, args.hardware, ranks=min(args.gpus, 4))
+    hw = hardware.load(p, args.hardware, ranks=min(args.gpus, 4))
     if args.gpus_per_node:
         hw.gpus_per_node = args.gpus_per_node
     return hw
 
 
-def table(rows: list[dict], hw, top: int) -> str:
+def table(rows: list[dict[str, Any]], hw: Any, top: int) -> str:
+    """The ranked layouts as a Markdown table."""
     gib = 2**30
     lines = ["| # | layout | memory GiB (limit) | step s | compute | bubble | tp/cp/ep/pp | data par. "
              "| sync | optimizer | tokens/s a GPU | MFU |", "|---:|---|" + "---:|" * 10]
@@ -126,16 +127,18 @@ def table(rows: list[dict], hw, top: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Check the options, rank the layouts, print them (or ``--json``) and the best one's command."""
     args = parser().parse_args(argv)
     problem = check(args)
     if problem:
-        sys.stderr.write(f"python -m ddpguide.plan: {problem}\n")
+        sys.stderr.write(f"{PROG}: {problem}\n")
         return 2
     p = search.program()
     model = catalog.model(p, args.model, **{k: getattr(args, k) for k in SHAPE if getattr(args, k) is not None})
-    gpu = args.hardware in catalog.HARDWARE
-    policy = catalog.policy(p, args.dtype or ("bf16" if gpu else "float32"))
+    gpu = hardware.canonical(args.hardware) is not None
+    dtype = args.dtype or ("bf16" if gpu else "float32")
+    policy = catalog.policy(p, dtype)
     seq = args.seq or (8192 if args.model.startswith("llama") else 64 if not gpu else 4096)
     hw = hardware_of(p, args)
     progress = None
@@ -145,7 +148,7 @@ def main(argv=None) -> int:
         progress = lambda items: tqdm(items, desc="layouts", file=sys.stderr)  # noqa: E731
     rows = search.rank(p, model, policy, hw, args.gpus, args.global_batch, seq, args.runnable, progress)
     if not rows:
-        sys.stderr.write(f"python -m ddpguide.plan: no layout of --model {args.model} divides "
+        sys.stderr.write(f"{PROG}: no layout of --model {args.model} divides "
                          f"{args.gpus} GPUs and a batch of {args.global_batch}\n")
         return 2
     if args.json:
@@ -158,11 +161,21 @@ def main(argv=None) -> int:
           f"global batch {args.global_batch}, {len(rows)} layouts, {sum(r['fits'] for r in rows)} fit")
     print(table(rows, hw, args.top))
     best = rows[0]
-    if best["fits"]:
-        print(f"\nbest: {best['name']}; run it with the capstone's train.py:")
-        print("\n".join(search.command(best["layout"], hw.gpus_per_node)))
-    else:
+    if not best["fits"]:
         print("\nno layout fits in memory")
+        return 0
+    print(f"\nbest: {best['name']}")
+    for row in (r for r in rows if r["fits"]):
+        try:
+            lines = render.command(row["layout"], hw.gpus_per_node, model, seq, args.global_batch, dtype)
+        except render.Unrunnable as why:
+            if row is best:
+                print(f"the capstone's train.py cannot run it: {why}")
+            continue
+        print(("run it" if row is best else f"the fastest train.py runs, {row['name']}: run it")
+              + " with the capstone's train.py:")
+        print("\n".join(lines))
+        break
     return 0
 
 

@@ -8,6 +8,7 @@ a layout the planner predicts.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 #: name -> (the model's shape, its source)
 MODELS: dict[str, tuple[dict, str]] = {
@@ -124,14 +125,12 @@ POLICIES: dict[str, dict] = {
 }
 
 
-def model(program: ModuleType, name: str, **changes):
+def model(program: ModuleType, name: str, **changes: Any) -> Any:
+    """The named model as a ``plan_cost.Model``, ``changes`` applied to its shape."""
     shape, _ = MODELS[name]
     return program.Model(**{**shape, **changes})
 
 
-def hardware(program: ModuleType, name: str, **changes):
-    return program.Hardware(**{**HARDWARE[name], **changes})
-
-
-def policy(program: ModuleType, name: str):
+def policy(program: ModuleType, name: str) -> Any:
+    """The named dtype policy as a ``plan_cost.Policy`` (the hardware: :mod:`ddpguide.plan.hardware`)."""
     return program.Policy(**POLICIES[name])

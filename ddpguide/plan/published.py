@@ -27,6 +27,8 @@ import dataclasses
 import statistics
 from types import ModuleType
 
+from ddpguide.plan import hardware, search
+
 SOURCES = {
     "torchtitan": ("https://github.com/pytorch/torchtitan/blob/31a17bfdb70bab6f62a13d21816a5339b911d6e3/"
                    "benchmarks/llama3_h100_202412_torchtitan.md"),
@@ -108,7 +110,7 @@ def flops_per_token(m, seq: int, embedding: bool = False) -> float:
 
 
 def _torchtitan(p: ModuleType, catalog) -> list[dict]:
-    hw = catalog.hardware(p, "H100-titan")
+    hw = hardware.named(p, "H100-titan")
     rows = []
     for table, technique, name, gpus, axes, local, seq, dtype, ac, schedule, tps, gib in TORCHTITAN:
         dp = axes.get("dp_shard", 1) * axes.get("dp_replicate", 1)
@@ -148,9 +150,9 @@ def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
     return p.peak_memory(p.stage_memory(model, layout, _policy(p), batch, seq)) <= hw.memory
 
 
-def playbook(p: ModuleType, catalog, hardware: str = "H100-playbook") -> list[dict]:
-    """The Playbook's rows, predicted on ``hardware`` (its cluster as it measured it, or a data sheet)."""
-    hw = catalog.hardware(p, hardware)
+def playbook(p: ModuleType, catalog: ModuleType, sheet: str = "H100-playbook") -> list[dict]:
+    """The Playbook's rows, predicted on ``sheet`` (its cluster as it measured it, or a data sheet)."""
+    hw = hardware.named(p, sheet)
     rows = []
     for nodes, name, dp, tp, pp, gas, mbs, zero, mfu, gb in PLAYBOOK:
         layout = playbook_layout(p, dp, tp, pp, gas, zero)
@@ -169,25 +171,22 @@ def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_
     """The planner's best layout that fits, among the ones nanotron and picotron run (DP, TP,
     PP, gradient accumulation; ZeRO stages ``zeros`` where there are replicas), for a global
     batch of `batch` sequences (MFU counted as flops_per_token does with ``embedding``)."""
-    from ddpguide.plan import search
-
-    model, hw = catalog.model(p, name), catalog.hardware(p, hw_name)
+    model, hw = catalog.model(p, name), hardware.named(p, hw_name)
     found = None
-    for pp in (d for d in range(1, gpus + 1) if gpus % d == 0 and model.layers % d == 0):
-        for tp in (d for d in (1, 2, 4, 8) if (gpus // pp) % d == 0 and model.heads % d == 0):
-            dp = gpus // pp // tp
-            if batch % dp:
+    for axes in search.sizes(p, model, gpus, seq, ("pp", "dp_replicate", "tp")):
+        pp, dp, tp = axes["pp"], axes["dp_replicate"], axes["tp"]
+        if tp not in (1, 2, 4, 8) or batch % dp:  # TP inside a node of 8
+            continue
+        for gas in (g for g in (1, 2, 4, 8, 16, 32, 64, 128, 256) if (batch // dp) % g == 0):
+            if pp > 1 and gas < pp:
                 continue
-            for gas in (g for g in (1, 2, 4, 8, 16, 32, 64, 128, 256) if (batch // dp) % g == 0):
-                if pp > 1 and gas < pp:
+            for zero in zeros if dp > 1 else (0,):
+                layout = playbook_layout(p, dp, tp, pp, gas, zero)
+                if not _fits(p, model, layout, hw, batch, seq):
                     continue
-                for zero in zeros if dp > 1 else (0,):
-                    layout = playbook_layout(p, dp, tp, pp, gas, zero)
-                    if not _fits(p, model, layout, hw, batch, seq):
-                        continue
-                    mfu, out = _mfu(p, model, layout, hw, batch, seq, embedding)
-                    if found is None or mfu > found[0]:
-                        found = (mfu, layout, out)
+                mfu, out = _mfu(p, model, layout, hw, batch, seq, embedding)
+                if found is None or mfu > found[0]:
+                    found = (mfu, layout, out)
     if found is None:
         return None
     mfu, layout, out = found
@@ -222,7 +221,7 @@ def choices(p: ModuleType) -> list[dict]:
     from ddpguide.plan import catalog
 
     out = []
-    hw = catalog.hardware(p, "H100-playbook")
+    hw = hardware.named(p, "H100-playbook")
     for nodes, name, dp, tp, pp, gas, mbs, zero, mfu, _ in PLAYBOOK:
         chosen = best(p, catalog, name, 8 * nodes, dp * gas * mbs, PLAYBOOK_SEQ, "H100-playbook")
         predicted, theirs = _mfu(p, catalog.model(p, name), playbook_layout(p, dp, tp, pp, gas, zero), hw,

@@ -13,30 +13,33 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
-from ddpguide.plan import catalog, checks, measure, search
+from ddpguide.plan import catalog, checks, hardware, measure, search
 
 BENCH = Path(__file__).resolve().parents[2] / "book" / "measurements" / "plan.json"
 
 
-def load(path: Path = BENCH) -> dict:
+def load(path: Path = BENCH) -> dict[str, Any]:
+    """The saved benchmark run."""
     return json.loads(Path(path).read_text())
 
 
-def hardware(p: ModuleType, bench: dict):
+def cluster_hardware(p: ModuleType, bench: dict[str, Any]) -> Any:
     """The cluster's ``Hardware`` as the saved run measured it."""
     found = next(m for m in bench["measurements"] if m["name"] == "cluster hardware")["details"]
-    fields = p.Hardware.__dataclass_fields__
-    return p.Hardware(**{k: v for k, v in {**found["hardware"], "matmul": found["matmul"]}.items() if k in fields})
+    return hardware.from_fields(p, {**found["hardware"], "matmul": found["matmul"]}, f"{BENCH.name}: cluster hardware",
+                                known_only=True)
 
 
-def model(p: ModuleType):
+def model(p: ModuleType) -> Any:
+    """The GPT of the time check."""
     return catalog.model(p, "gpt", **checks.TIME_MODEL)
 
 
-def rows(p: ModuleType, bench: dict) -> list[dict]:
+def rows(p: ModuleType, bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Every layout of the saved run: measured step, predicted now, DTensor's constants' step."""
-    hw, m, pol = hardware(p, bench), model(p), catalog.policy(p, "float32")
+    hw, m, pol = cluster_hardware(p, bench), model(p), catalog.policy(p, "float32")
     dt = checks.dtensor_hardware(hw)
     steps = {x["name"][:-len(": step")]: x for x in bench["measurements"] if x["name"].endswith(": step")}
     out = []
@@ -51,7 +54,7 @@ def rows(p: ModuleType, bench: dict) -> list[dict]:
     return out
 
 
-def ranking(found: list[dict]) -> dict:
+def ranking(found: list[dict[str, Any]]) -> dict[str, Any]:
     """Spearman's rank correlation and the choice, with the measured links and with DTensor's."""
     predicted, measured, dtensor = ([r[k] for r in found] for k in ("predicted", "measured", "dtensor"))
     ratios = [a / b for a, b in zip(predicted, measured)]
@@ -63,12 +66,12 @@ def ranking(found: list[dict]) -> dict:
             "min": min(ratios), "max": max(ratios)}
 
 
-def live(p: ModuleType, bench: dict, names: tuple[str, ...], steps: int = 3) -> list[dict]:
+def live(p: ModuleType, bench: dict[str, Any], names: tuple[str, ...], steps: int = 3) -> list[dict[str, Any]]:
     """Run these layouts now on a cluster of the saved run's shape and link (root needed);
     each beside its prediction from the saved hardware."""
     from ddpguide.cluster import Spec, up
 
-    hw, m, pol = hardware(p, bench), model(p), catalog.policy(p, "float32")
+    hw, m, pol = cluster_hardware(p, bench), model(p), catalog.policy(p, "float32")
     layouts = {search.name(lay): lay for lay in search.plain(p, m, checks.NODES * checks.RANKS_PER_NODE,
                                                               checks.TIME_BATCH, checks.TIME_SEQ)}
     out = []

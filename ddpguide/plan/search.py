@@ -1,26 +1,25 @@
 """Every layout of a model on N GPUs, predicted by ``plan_cost.py`` and ranked.
 
-:func:`layouts` lists the layouts that divide the model (heads and key-value heads by tp,
-layers by pp, the sequence by cp x tp and into 2 x cp zig-zag chunks, experts by ep, the
-batch by the data-parallel ranks and the micro-batches); :func:`rank` predicts each one and
-orders the ones that fit memory by step time; :func:`command` is the ``torchrun`` line that
-runs a layout with the capstone's ``train.py`` (what that program can run: schedules 1F1B
-and GPipe, full checkpointing).
+:func:`divides` holds the rules a layout's sizes obey (heads and key-value heads by tp,
+layers by pp, the sequence by cp x tp and into 2 x cp zig-zag chunks, experts by ep);
+:func:`sizes` lists the axis sizes that obey them on N ranks, :func:`layouts` every layout
+with its micro-batches, schedules and checkpointing (the batch split by the data-parallel
+ranks and the micro-batches); :func:`rank` predicts each one and orders the ones that fit
+memory, with the allocator's headroom, by step time.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from types import ModuleType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ddpguide.launch.programs import load
 
 PROGRAM = "plan_cost.py"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 CHECKPOINTING = ("none", "selective", "full")
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp")
+LABELS = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep": "EP", "tp": "TP"}
 
 
 def program() -> ModuleType:
@@ -32,7 +31,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def factorizations(world: int, parts: int = len(AXES)) -> Iterator[tuple[int, ...]]:
+def factorizations(world: int, parts: int) -> Iterator[tuple[int, ...]]:
     """Every ordered tuple of ``parts`` positive integers whose product is ``world``."""
     if parts == 1:
         yield (world,)
@@ -42,18 +41,32 @@ def factorizations(world: int, parts: int = len(AXES)) -> Iterator[tuple[int, ..
             yield (d, *rest)
 
 
-def layouts(p: ModuleType, model, world: int, batch: int, seq: int, runnable: bool = False,
-            microbatch_choices: int = 2, ac_choices=CHECKPOINTING) -> list:
+def divides(model: Any, axes: dict[str, int], seq: int) -> bool:
+    """Whether axis sizes split the model and the sequence (an axis missing: size 1)."""
+    size = {a: axes.get(a, 1) for a in LABELS}
+    kv = model.kv_heads or model.heads
+    return not (model.heads % size["tp"] or kv % size["tp"] or model.ffn % size["tp"]
+                or model.layers % size["pp"] or seq % (size["cp"] * size["tp"])
+                or (size["cp"] > 1 and seq % (2 * size["cp"]))
+                or (size["ep"] > 1 and (not model.experts or model.experts % size["ep"])))
+
+
+def sizes(p: ModuleType, model: Any, world: int, seq: int,
+          axes: Iterable[str] | None = None) -> Iterator[dict[str, int]]:
+    """Every split of ``world`` ranks over ``axes`` (default: all of the program's) that
+    :func:`divides` the model, each axis of the program named."""
+    chosen = tuple(axes or p.AXES)
+    for parts in factorizations(world, len(chosen)):
+        found = {a: 1 for a in p.AXES} | dict(zip(chosen, parts))
+        if divides(model, found, seq):
+            yield found
+
+
+def layouts(p: ModuleType, model: Any, world: int, batch: int, seq: int, runnable: bool = False,
+            microbatch_choices: int = 2, ac_choices: tuple[str, ...] = CHECKPOINTING) -> list[Any]:
     """Every layout of ``model`` on ``world`` ranks (``runnable``: only what train.py runs)."""
     out = []
-    kv = model.kv_heads or model.heads
-    for sizes in factorizations(world):
-        axes = dict(zip(AXES, sizes))
-        if (model.heads % axes["tp"] or kv % axes["tp"] or model.layers % axes["pp"]
-                or seq % (axes["cp"] * axes["tp"]) or model.ffn % axes["tp"]
-                or (axes["cp"] > 1 and seq % (2 * axes["cp"]))
-                or (axes["ep"] > 1 and (not model.experts or model.experts % axes["ep"]))):
-            continue
+    for axes in sizes(p, model, world, seq):
         if runnable and model.experts and axes["tp"] > 1:
             continue
         dp = axes["dp_replicate"] * axes["dp_shard"] * axes["ep"]
@@ -73,16 +86,15 @@ def layouts(p: ModuleType, model, world: int, batch: int, seq: int, runnable: bo
     return out
 
 
-def plain(p: ModuleType, model, world: int, batch: int, seq: int) -> list:
+def plain(p: ModuleType, model: Any, world: int, batch: int, seq: int) -> list[Any]:
     """The layouts train.py runs with its defaults: 1F1B, the fewest micro-batches, no checkpointing."""
     return [lay for lay in layouts(p, model, world, batch, seq, runnable=True, microbatch_choices=1)
             if lay.ac == "none" and lay.schedule == "1F1B"]
 
 
-def name(layout) -> str:
+def name(layout: Any) -> str:
     """``"PP 2 x FSDP 2 x TP 2, 1F1B m4, AC full"``."""
-    labels = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep": "EP", "tp": "TP"}
-    axes = [(labels[a], getattr(layout, a)) for a in AXES if getattr(layout, a) > 1]
+    axes = [(LABELS[a], size) for a, size in layout.sizes().items() if size > 1]
     if layout.dp_replicate > 1 and (layout.dp_shard > 1 or layout.tp > 1 or layout.pp > 1):
         axes = [("HSDP" if k == "DDP" else k, v) for k, v in axes]
     text = " x ".join(k for k, _ in axes) + " " + " x ".join(str(v) for _, v in axes)
@@ -94,8 +106,9 @@ def name(layout) -> str:
     return text
 
 
-def rank(p: ModuleType, model, policy, hardware, world: int, batch: int, seq: int,
-         runnable: bool = False, progress: Callable | None = None, **options) -> list[dict]:
+def rank(p: ModuleType, model: Any, policy: Any, hardware: Any, world: int, batch: int, seq: int,
+         runnable: bool = False, progress: Callable[[list[Any]], Iterable[Any]] | None = None,
+         **options: Any) -> list[dict[str, Any]]:
     """Each layout's prediction, the ones that fit first, fastest first."""
     rows = []
     candidates = layouts(p, model, world, batch, seq, runnable, **options)
@@ -105,26 +118,3 @@ def rank(p: ModuleType, model, policy, hardware, world: int, batch: int, seq: in
                      **out})
     rows.sort(key=lambda r: (not r["fits"], r["step"]["total"]))
     return rows
-
-
-def command(layout, gpus_per_node: int, model_options: tuple[str, ...] = ()) -> list[str]:
-    """The lines that run ``layout`` with ``book/programs/gpt/train.py``: one ``torchrun``
-    a node (a single node: ``--standalone``)."""
-    options = [f"--{a.replace('_', '-')} {getattr(layout, a)}" for a in AXES if getattr(layout, a) > 1]
-    if layout.pp > 1:
-        schedule = "1F1B" if layout.schedule == "Interleaved1F1B" else layout.schedule
-        options += [f"--microbatches {layout.microbatches}", f"--schedule {schedule}"]
-    if layout.ac == "full":
-        options.append("--checkpoint-activations")
-    tail = " ".join([*options, *model_options])
-    world = layout.world
-    notes = []
-    if layout.ac == "selective" or layout.schedule == "Interleaved1F1B":
-        notes = ["# train.py has neither selective checkpointing nor the interleaved schedule: "
-                 "this line runs the nearest it has"]
-    if world <= gpus_per_node:
-        return [f"torchrun --standalone --nproc-per-node {world} train.py {tail}".rstrip(), *notes]
-    nodes = math.ceil(world / gpus_per_node)
-    return [f"torchrun --nnodes {nodes} --node-rank {r} --nproc-per-node {gpus_per_node} "
-            f"--rdzv-backend c10d --rdzv-endpoint NODE0:29500 train.py {tail}".rstrip()
-            for r in range(nodes)] + notes

@@ -8,14 +8,17 @@ fixed list of cases, plain HTML that the HTML book shows without a kernel.
 from __future__ import annotations
 
 import html
+from types import ModuleType
+from typing import Any
 
 from ddpguide.plan import catalog, search
+from ddpguide.plan.hardware import named
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
            "activations": "#c44e52", "fsdp_unsharded": "#8172b3", "communication": "#937860"}
 
 
-def _bar(memory: dict, limit: float, width: int = 260) -> str:
+def _bar(memory: dict[str, float], limit: float, width: int = 260) -> str:
     """One rank's memory as stacked coloured segments against the limit (the bar's width)."""
     total = sum(memory.values())
     scale = width / max(limit, total)
@@ -27,7 +30,7 @@ def _bar(memory: dict, limit: float, width: int = 260) -> str:
     return f'<span style="white-space:nowrap">{cells}{limit_mark}</span>'
 
 
-def ranked_html(rows: list[dict], hw, top: int = 8) -> str:
+def ranked_html(rows: list[dict[str, Any]], hw: Any, top: int = 8) -> str:
     """A table of the best ``top`` layouts: memory bar, step and its parts, tokens/s, MFU."""
     head = ("layout", "memory a GPU (GiB)", "", "step (s)", "compute", "exposed comm.", "tokens/s a GPU", "MFU")
     out = ['<table style="font-size:0.85em"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
@@ -43,17 +46,17 @@ def ranked_html(rows: list[dict], hw, top: int = 8) -> str:
     return "".join(out) + f"</table><div style='font-size:0.8em'>{legend}; the black mark: the GPU's memory</div>"
 
 
-def case(p, model: str, gpus: int, hardware: str, seq: int, batch: int, gpus_per_node: int = 0,
-         dtype: str = "bf16", hw=None):
+def case(p: ModuleType, model: str, gpus: int, hardware: str, seq: int, batch: int, gpus_per_node: int = 0,
+         dtype: str = "bf16", hw: Any = None) -> tuple[list[dict[str, Any]], Any]:
     """The ranked rows of one case (``hw``: a measured ``Hardware`` instead of a named one)."""
-    hw = hw or catalog.hardware(p, hardware)
+    hw = hw or named(p, hardware)
     if gpus_per_node:
         hw.gpus_per_node = gpus_per_node
     rows = search.rank(p, catalog.model(p, model), catalog.policy(p, dtype), hw, gpus, batch, seq)
     return rows, hw
 
 
-def static_html(p, cases: list[tuple[str, int, str, int, int]], top: int = 5) -> str:
+def static_html(p: ModuleType, cases: list[tuple[str, int, str, int, int]], top: int = 5) -> str:
     """Each case ``(model, gpus, hardware, seq, global batch)``: a heading and its table."""
     parts = []
     for model, gpus, hardware, seq, batch in cases:
@@ -64,7 +67,7 @@ def static_html(p, cases: list[tuple[str, int, str, int, int]], top: int = 5) ->
     return "".join(parts)
 
 
-def explorer(p):
+def explorer(p: ModuleType) -> Any:
     """The form, live in JupyterLab: every change ranks the layouts again."""
     import ipywidgets as widgets
 

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from ddpguide.launch.programs import load
-from ddpguide.plan import catalog, checks, measure, published, search
+from ddpguide.plan import catalog, checks, hardware, measure, published, render, search
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_memory_is_the_gpts_own_formulas(p, shape):
     for world, accumulate, ac in ((4, 1, "none"), (8, 1, "none"), (4, 2, "none"), (4, 1, "full")):
         for lay in search.plain(p, model, world, 8 * accumulate, 16):
             lay = dataclasses.replace(lay, accumulate=accumulate, ac=ac)
-            theirs = parallelize.Layout(*(getattr(lay, a) for a in search.AXES))
+            theirs = parallelize.Layout(*(getattr(lay, a) for a in p.AXES))
             args = types.SimpleNamespace(dtype="float64", bf16=False, batch=8, accumulate=accumulate,
                                          microbatches=lay.microbatches, schedule=lay.schedule,
                                          checkpoint_activations=ac == "full", clip=1.0)
@@ -108,14 +108,14 @@ def test_layouts_respect_divisibility(p):
 
 def test_command_is_torchrun_per_node(p):
     lay = p.Layout(pp=2, dp_shard=4, tp=2, microbatches=4)
-    lines = search.command(lay, 8)
+    model = catalog.model(p, "gpt-check")
+    lines = render.command(lay, 8, model, 16, 8, "float32")
     assert len(lines) == 2
     assert lines[1].startswith("torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8")
-    assert lines[0].endswith("train.py --pp 2 --dp-shard 4 --tp 2 --microbatches 4 --schedule 1F1B")
-    selective = search.command(p.Layout(dp_shard=8, ac="selective"), 8)
-    assert selective[0].endswith("train.py --dp-shard 8") and selective[1].startswith("# train.py has neither")
-    assert measure.options(lay) == ("--pp", "2", "--dp-shard", "4", "--tp", "2", "--microbatches", "4",
-                                    "--schedule", "1F1B")
+    assert lines[0].endswith("train.py --pp 2 --dp-shard 4 --tp 2 --microbatches 4 --schedule 1F1B --layers 2 "
+                             "--dim 32 --heads 4 --ffn 4 --seq 16 --batch 8 --dtype float32")
+    assert render.options(lay) == ("--pp", "2", "--dp-shard", "4", "--tp", "2", "--microbatches", "4",
+                                   "--schedule", "1F1B")
 
 
 def test_spearman_matches_scipy():
@@ -157,7 +157,7 @@ def test_measured_bus_bandwidth_replaces_the_links_beta(p):
     """H100-playbook: a collective over k whole nodes pays its bytes at the bus bandwidth the
     Playbook measured over k nodes (log-log between measured counts), plus alpha a message and
     the per-call overhead; float8 matmuls run at their own share of the float8 peak."""
-    hw = catalog.hardware(p, "H100-playbook")
+    hw = hardware.named(p, "H100-playbook")
     lay = p.Layout(dp_replicate=32)  # 4 nodes of 8
     alpha = hw.links["net"][0]
     got = p.collective(hw, lay, "all_gather", 2**28, ("dp_replicate",))
@@ -165,7 +165,7 @@ def test_measured_bus_bandwidth_replaces_the_links_beta(p):
     three = p.bus_rate(hw.bus["all_reduce"], 3)  # between 2 (361.7) and 4 (160.1) nodes
     assert math.isclose(three, 361.7e9 * (160.1 / 361.7) ** math.log2(1.5), rel_tol=1e-12)
     assert p.bus_rate(hw.bus["all_reduce"], 128) == 32.9e9 and p.bus_rate(hw.bus["all_reduce"], 1) == 436e9
-    sheet = catalog.hardware(p, "H100")  # no table: the link's beta, as before
+    sheet = hardware.named(p, "H100")  # no table: the link's beta, as before
     assert math.isclose(p.collective(sheet, lay, "all_gather", 2**28, ("dp_replicate",)),
                         31 * alpha + sheet.collective_seconds + 31 / 32 * 2**28 / 50e9, rel_tol=1e-12)
     big = 2 * 8192**3

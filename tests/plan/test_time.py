@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from ddpguide.plan import catalog, checks, saved, search
+from ddpguide.plan import catalog, checks, hardware, saved, search
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_a_node_link_is_shared_by_its_groups(p):
     assert p.link(hw, p.Layout(dp_shard=2, tp=2), ("tp",)) == ("node", 1.0)
     assert p.link(hw, p.Layout(dp_shard=2, tp=2), ("dp_shard",)) == ("net", 2.0)
     assert p.link(hw, p.Layout(dp_shard=4), ("dp_shard",)) == ("net", 1.0)  # one ring edge a node
-    gpu = catalog.hardware(p, "H100", gpus_per_node=2)  # a NIC a GPU: nothing shared
+    gpu = hardware.named(p, "H100", gpus_per_node=2)  # a NIC a GPU: nothing shared
     assert p.link(gpu, p.Layout(dp_shard=2, tp=2), ("dp_shard",)) == ("net", 1.0)
 
 
