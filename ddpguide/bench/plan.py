@@ -35,7 +35,7 @@ import sys
 import time
 
 from ddpguide.bench.report import Report
-from ddpguide.plan import catalog, checks, measure, published, search
+from ddpguide.plan import catalog, checks, measure, perturb, published, search
 from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
 
 CHECK_SEQ, CHECK_BATCH = 16, 8
@@ -80,7 +80,7 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
             bar.update()
             step = p.step(model, lay, pol, hw, TIME_BATCH, TIME_SEQ)
             mem = measure.memory_ratios(p, lay, model, pol, TIME_SEQ, TIME_BATCH, result)
-            rows.append({"name": name, "predicted": step["total"], "measured": result["step_seconds"],
+            rows.append({"name": name, "layout": lay, "predicted": step["total"], "measured": result["step_seconds"],
                          "dtensor": p.step(model, lay, pol, dt_hw, TIME_BATCH, TIME_SEQ)["total"]})
             report.ratios[f"step_predicted_over_measured: {name}"] = step["total"] / result["step_seconds"]
             report.ratios[f"memory_predicted_over_measured: 4 ranks: {name}"] = mem["check"]
@@ -97,6 +97,14 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
     report.ratios["rank_correlation_dtensor_constants"] = checks.spearman(dtensor, measured)
     report.ratios["best_layout_measured_over_best_measured"] = checks.choice(predicted, measured)
     report.ratios["best_layout_measured_over_best_measured_dtensor_constants"] = checks.choice(dtensor, measured)
+    found = perturb.check(p, rows, model, pol, hw, TIME_BATCH, TIME_SEQ)
+    for term in perturb.TERMS:
+        report.ratios[f"perturbed_{term}_out_of_band"] = found[term]["out_of_band"]
+    shares = perturb.shares(p, rows, model, pol, hw, TIME_BATCH, TIME_SEQ)
+    report.ratios["compute_share_min"], report.ratios["compute_share_max"] = min(shares), max(shares)
+    report.add("each term of the model doubled", sum(found[t]["out_of_band"] for t in perturb.TERMS),
+               "terms whose doubling fails the check", **{t: {k: v for k, v in found[t].items() if k != "inside"}
+                                                          for t in perturb.TERMS})
     ratios = [a / b for a, b in zip(predicted, measured)]
     report.add("step predicted over measured, all layouts", statistics.median(ratios), "median",
                min=min(ratios), max=max(ratios), within=sum(0.8 <= r <= 1.25 for r in ratios), layouts=len(ratios),
@@ -134,7 +142,9 @@ def run(quick: bool = False) -> Report:
         report.ratios[f"published_predicted_over_reported: {row['key']}"] = row["ratio"]
     summary = published.summary(rows)
     report.add("published predicted over reported", summary["median"], "median", **summary,
-               sources=published.SOURCES, rows=rows)
+               links=published.SOURCES, rows=rows)
+    report.add("headroom", published.headroom(p), "torchtitan's reserved memory over the predicted peak, median",
+               model_version=summary["model_version"])
     report.notes.append(f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
                         f"{load:.1f} at the start: the time check ran on chapter 15's emulated cluster, "
                         f"{NODES} nodes x {RANKS_PER_NODE} ranks, links of {LINK} (tc tbf), every rank on "

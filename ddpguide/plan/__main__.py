@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from ddpguide.core.commands import InputError, OneLineParser
-from ddpguide.plan import catalog, hardware, render, search
+from ddpguide.plan import catalog, hardware, published, render, search
 
 SHAPE = ("layers", "dim", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k")
 PROG = "python -m ddpguide.plan"
@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
                    "(default: float32 on this machine, bf16 on a GPU)")
     p.add_argument("--seq", type=int, default=0, help="tokens a sequence (default: 64, 8192 for Llama)")
     p.add_argument("--global-batch", type=int, default=8, help="sequences a step, all GPUs")
+    p.add_argument("--headroom", type=float, help="what the GPU holds over the predicted peak (default: "
+                   "torchtitan's reserved over predicted on a data sheet's GPU, 1 on this machine's CPU)")
     p.add_argument("--runnable", action="store_true", help="only layouts the capstone's train.py runs")
     p.add_argument("--top", type=int, default=10, help="rows of the table (0: all)")
     p.add_argument("--json", action="store_true", help="every layout as JSON on stdout")
@@ -54,6 +56,8 @@ def check(args: argparse.Namespace) -> str | None:
         low = 0 if name in ("kv_heads", "experts", "top", "seq") else 1
         if value is not None and value < low:
             return f"--{name.replace('_', '-')} {value}: must be at least {low}"
+    if args.headroom is not None and not 1 <= args.headroom <= 4:
+        return f"--headroom {args.headroom}: between 1 and 4 (times the predicted peak)"
     if args.dtype and args.dtype not in catalog.POLICIES:
         return f"--dtype {args.dtype}: not one of {', '.join(catalog.POLICIES)}"
     sheet = None  # a data sheet or a file: known before anything runs
@@ -115,12 +119,15 @@ def hardware_of(p: ModuleType, args: argparse.Namespace) -> Any:
 def table(rows: list[dict[str, Any]], hw: Any, top: int) -> str:
     """The ranked layouts as a Markdown table."""
     gib = 2**30
-    lines = ["| # | layout | memory GiB (limit) | step s | compute | bubble | tp/cp/ep/pp | data par. "
-             "| sync | optimizer | tokens/s a GPU | MFU |", "|---:|---|" + "---:|" * 10]
+    lines = [f"| # | layout | memory GiB x {rows[0]['headroom']:.2f} (limit) | margin GiB | step s | compute "
+             "| bubble | tp/cp/ep/pp | data par. "
+             "| sync | optimizer | tokens/s a GPU | MFU |", "|---:|---|" + "---:|" * 11]
     for i, r in enumerate(rows[:top] if top else rows):
         s = r["step"]
         fit = "" if r["fits"] else " **too big**"
-        lines.append(f"| {i + 1} | {r['name']} | {r['peak_memory'] / gib:.3g} ({hw.memory / gib:.3g}){fit} "
+        held = r["peak_memory"] * r["headroom"]
+        lines.append(f"| {i + 1} | {r['name']} | {held / gib:.3g} ({hw.memory / gib:.3g}){fit} "
+                     f"| {r['margin'] / gib:.3g} "
                      f"| {s['total']:.4g} | {s['compute']:.3g} | {s['bubble']:.3g} | {s['tp_cp_ep_pp']:.3g} "
                      f"| {s['data_parallel']:.3g} | {s['sync']:.3g} | {s['optimizer']:.3g} | {r['tokens_per_gpu']:.4g} "
                      f"| {r['mfu']:.1%} |")
@@ -146,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if candidates > 200 and not args.json:
         from tqdm.auto import tqdm
         progress = lambda items: tqdm(items, desc="layouts", file=sys.stderr)  # noqa: E731
-    rows = search.rank(p, model, policy, hw, args.gpus, args.global_batch, seq, args.runnable, progress)
+    headroom = args.headroom or (published.headroom(p) if gpu else 1.0)
+    rows = search.rank(p, model, policy, hw, args.gpus, args.global_batch, seq, args.runnable, progress,
+                       headroom=headroom)
     if not rows:
         sys.stderr.write(f"{PROG}: no layout of --model {args.model} divides "
                          f"{args.gpus} GPUs and a batch of {args.global_batch}\n")
@@ -158,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"hardware": asdict(hw), "model": asdict(model), "rows": out}))
         return 0
     print(f"{args.model} on {args.gpus} x {hw.name} ({hw.gpus_per_node} a node), sequence {seq}, "
-          f"global batch {args.global_batch}, {len(rows)} layouts, {sum(r['fits'] for r in rows)} fit")
+          f"global batch {args.global_batch}, {len(rows)} layouts, {sum(r['fits'] for r in rows)} fit "
+          f"with {headroom:.2f} x the predicted peak")
     print(table(rows, hw, args.top))
     best = rows[0]
     if not best["fits"]:

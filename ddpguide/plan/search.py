@@ -10,11 +10,12 @@ memory, with the allocator's headroom, by step time.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
-from ddpguide.launch.programs import load
+from ddpguide.launch.programs import load, path_of
 
 PROGRAM = "plan_cost.py"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
@@ -25,6 +26,11 @@ LABELS = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep
 def program() -> ModuleType:
     """The chapter's cost model, loaded from ``book/programs/plan_cost.py``."""
     return load(PROGRAM)
+
+
+def version() -> str:
+    """The cost model's version: the first 12 hex digits of ``plan_cost.py``'s SHA-256."""
+    return hashlib.sha256(path_of(PROGRAM).read_bytes()).hexdigest()[:12]
 
 
 def _divisors(n: int) -> list[int]:
@@ -106,15 +112,23 @@ def name(layout: Any) -> str:
     return text
 
 
+def margin(peak: float, hardware: Any, headroom: float = 1.0) -> float:
+    """The bytes left of the GPU's memory once the allocator holds ``headroom`` times the
+    predicted peak (the layout fits where this is not negative)."""
+    return hardware.memory - peak * headroom
+
+
 def rank(p: ModuleType, model: Any, policy: Any, hardware: Any, world: int, batch: int, seq: int,
          runnable: bool = False, progress: Callable[[list[Any]], Iterable[Any]] | None = None,
-         **options: Any) -> list[dict[str, Any]]:
-    """Each layout's prediction, the ones that fit first, fastest first."""
+         headroom: float = 1.0, **options: Any) -> list[dict[str, Any]]:
+    """Each layout's prediction, the ones that fit first, fastest first. A layout fits when
+    ``headroom`` times its predicted peak is within the GPU's memory (``margin``: what is left)."""
     rows = []
     candidates = layouts(p, model, world, batch, seq, runnable, **options)
     for layout in (progress(candidates) if progress else candidates):
         out = p.predict(model, layout, policy, hardware, batch, seq)
-        rows.append({"layout": layout, "name": name(layout), "fits": out["peak_memory"] <= hardware.memory,
-                     **out})
+        left = margin(out["peak_memory"], hardware, headroom)
+        rows.append({"layout": layout, "name": name(layout), "fits": left >= 0, "margin": left,
+                     "headroom": headroom, **out})
     rows.sort(key=lambda r: (not r["fits"], r["step"]["total"]))
     return rows

@@ -11,7 +11,7 @@ import html
 from types import ModuleType
 from typing import Any
 
-from ddpguide.plan import catalog, search
+from ddpguide.plan import catalog, published, search
 from ddpguide.plan.hardware import named
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
@@ -38,7 +38,7 @@ def ranked_html(rows: list[dict[str, Any]], hw: Any, top: int = 8) -> str:
         worst = max(r["memory"], key=lambda m: sum(m.values()))
         s = r["step"]
         cells = (html.escape(r["name"]) + ("" if r["fits"] else " (too big)"),
-                 f"{r['peak_memory'] / 2**30:.3g} of {hw.memory / 2**30:.3g}", _bar(worst, hw.memory),
+                 f"{r['peak_memory'] * r['headroom'] / 2**30:.3g} of {hw.memory / 2**30:.3g}", _bar(worst, hw.memory),
                  f"{s['total']:.4g}", f"{s['compute']:.3g}", f"{s['tp_cp_ep_pp'] + s['data_parallel'] + s['sync']:.3g}",
                  f"{r['tokens_per_gpu']:.4g}", f"{r['mfu']:.1%}")
         out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
@@ -52,7 +52,8 @@ def case(p: ModuleType, model: str, gpus: int, hardware: str, seq: int, batch: i
     hw = hw or named(p, hardware)
     if gpus_per_node:
         hw.gpus_per_node = gpus_per_node
-    rows = search.rank(p, catalog.model(p, model), catalog.policy(p, dtype), hw, gpus, batch, seq)
+    rows = search.rank(p, catalog.model(p, model), catalog.policy(p, dtype), hw, gpus, batch, seq,
+                       headroom=published.headroom(p))
     return rows, hw
 
 

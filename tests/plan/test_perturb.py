@@ -1,0 +1,52 @@
+"""The time check can fail: each term of the model doubled, scored on the saved cluster run.
+
+The saved run's steps are mostly communication (20mbit links): a doubled collective or bubble
+moves layouts out of 0.8-1.25, a doubled compute does not (its share is under 5% of every
+step). That the check is blind to compute there is asserted too, so that a run which can see
+it (a larger compute share) shows up here as a change."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpguide.plan import catalog, checks, perturb, saved, search
+
+
+@pytest.fixture(scope="module")
+def scored():
+    p = search.program()
+    bench = saved.load()
+    rows, hw = saved.rows(p, bench), saved.cluster_hardware(p, bench)
+    args = (saved.model(p), catalog.policy(p, "float32"), hw, checks.TIME_BATCH, checks.TIME_SEQ)
+    return perturb.check(p, rows, *args), perturb.shares(p, rows, *args), rows
+
+
+def test_the_model_as_it_is_passes(scored):
+    found, _, rows = scored
+    assert found[""]["within"] == len(rows) and found[""]["rank_correlation"] >= 0.8
+
+
+@pytest.mark.parametrize("term", ["bubble", "all_gather", "reduce_scatter", "all_reduce", "send_recv"])
+def test_a_doubled_term_fails_the_check(scored, term):
+    found, _, _ = scored
+    assert found[term]["out_of_band"] == 1 and found[term]["moved_out"] >= 3, found[term]
+
+
+def test_compute_is_too_small_a_share_on_the_saved_run_to_be_checked(scored):
+    found, shares, _ = scored
+    assert max(shares) < 0.05
+    assert found["compute"]["out_of_band"] == 0 and found["overlap"]["out_of_band"] == 0
+    assert found["all_to_all"]["moved_out"] == 0  # no layout of the saved run has experts
+
+
+def test_doubling_is_through_the_whole_simulation():
+    """A doubled collective is the program's collective() doubled, and restored after."""
+    p = search.program()
+    model, pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float32")
+    hw = p.Hardware(gpus_per_node=2, nics=1, backend="gloo", streams=False)
+    lay = p.Layout(dp_replicate=2, dp_shard=2)
+    before = p.step(model, lay, pol, hw, 8, 16)["total"]
+    doubled = perturb.step(p, "all_reduce", model, lay, pol, hw, 8, 16)
+    assert doubled > before and p.step(model, lay, pol, hw, 8, 16)["total"] == before
+    with pytest.raises(ValueError, match="no term 'nccl'"):
+        perturb.step(p, "nccl", model, lay, pol, hw, 8, 16)
