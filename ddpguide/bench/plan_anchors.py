@@ -2,6 +2,8 @@
 reference, goal. The per-layout and per-row ratios are named by their layout or row and
 explained by the chapter."""
 
+from ddpguide.plan.perturb import TERMS
+
 ANCHORS: dict[str, tuple[str, str, str]] = {
     "rank_correlation": ("Spearman's rank correlation, predicted against measured step, every layout "
                          "train.py runs of the GPT on chapter 15's emulated cluster (2 nodes x 2 ranks, "
@@ -17,4 +19,12 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
                                           "counted by train.py --cost at the busiest rank", "", "0.95-1.05"),
     "published_predicted_over_reported: *": ("tokens/s a GPU (torchtitan) or MFU (the Playbook, picotron) "
                                              "predicted / published, H100 data sheet", "", "median 0.8-1.25"),
+    "compute_share_min": ("predicted compute over predicted step, the layout with the least (the time check "
+                          "tests a term only where it is a large share)", "", "< 0.25"),
+    "compute_share_max": ("the same, the layout with the most", "", "> 0.75"),
+    "memory_predicted_over_tracker: *": ("predicted peak, every part (FSDP's buffers included) / the peak torch's "
+                                         "FSDPMemTracker or MemTracker sees, busiest rank, loopback", "", "0.9-1.1"),
+    **{f"perturbed_{term}_out_of_band": (f"1 when the model with its {term} doubled moves a layout out of "
+                                         "0.8-1.25 (or Spearman below 0.8): the time check catches that error",
+                                         "", "1") for term in TERMS},
 }

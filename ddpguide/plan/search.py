@@ -49,12 +49,10 @@ def factorizations(world: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 def divides(model: Any, axes: dict[str, int], seq: int) -> bool:
     """Whether axis sizes split the model and the sequence (an axis missing: size 1)."""
-    size = {a: axes.get(a, 1) for a in LABELS}
+    pp, cp, ep, tp = (axes.get(a, 1) for a in ("pp", "cp", "ep", "tp"))
     kv = model.kv_heads or model.heads
-    return not (model.heads % size["tp"] or kv % size["tp"] or model.ffn % size["tp"]
-                or model.layers % size["pp"] or seq % (size["cp"] * size["tp"])
-                or (size["cp"] > 1 and seq % (2 * size["cp"]))
-                or (size["ep"] > 1 and (not model.experts or model.experts % size["ep"])))
+    return not (model.heads % tp or kv % tp or model.ffn % tp or model.layers % pp or seq % (cp * tp)
+                or (cp > 1 and seq % (2 * cp)) or (ep > 1 and (not model.experts or model.experts % ep)))
 
 
 def sizes(p: ModuleType, model: Any, world: int, seq: int,

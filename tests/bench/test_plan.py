@@ -9,6 +9,7 @@ import pytest
 from ddpguide.bench import plan
 from ddpguide.bench.appendix import ANCHORS
 from ddpguide.cluster import netns
+from ddpguide.plan import perturb
 
 
 @pytest.mark.multiprocess
@@ -16,7 +17,8 @@ from ddpguide.cluster import netns
 def test_quick_plan_suite():
     report = plan.run(quick=True)
     fixed = {"rank_correlation", "rank_correlation_dtensor_constants", "best_layout_measured_over_best_measured",
-             "best_layout_measured_over_best_measured_dtensor_constants"}
+             "best_layout_measured_over_best_measured_dtensor_constants", "compute_share_min", "compute_share_max",
+             *(f"perturbed_{term}_out_of_band" for term in perturb.TERMS)}
     assert fixed <= set(report.ratios) and fixed == {k for k in ANCHORS["plan"] if not k.endswith(": *")}
     memory = {k: v for k, v in report.ratios.items() if k.startswith("memory_predicted_over_measured")}
     assert len(memory) == 2 and all(0.95 <= v <= 1.05 for v in memory.values()), memory

@@ -114,3 +114,25 @@ def test_the_printed_command_is_accepted_by_train_py(capsys, tmp_path):
     assert all(r["ok"] and r["world"] == 16 for r in results), results
     assert {(r["seq"], r["batch"], r["dim"], r["dtype"], r["bf16"]) for r in results} == {
         (256, 32, 128, "float32", False)}
+
+
+def test_the_divisibility_rules_are_train_pys(p):
+    """search.divides says yes exactly where gpt/parallelize.py's problems() finds nothing wrong
+    with the model's split (the batch and the experts-with-tp rule aside: both are checked where
+    the layouts are listed)."""
+    from ddpguide.launch.programs import load
+
+    par, gpt = load("gpt/parallelize.py"), load("gpt/model.py")
+    checked = 0
+    for shape in ({}, {"kv_heads": 2}, {"experts": 4, "top_k": 2}, {"layers": 3}):
+        model = catalog.model(p, "gpt-check", **shape)
+        config = gpt.Config(dim=model.dim, heads=model.heads, kv_heads=model.kv_heads or model.heads,
+                            layers=model.layers, seq=12, ffn=model.ffn // model.dim, experts=model.experts,
+                            top_k=model.top_k)
+        for parts in search.factorizations(8, len(p.AXES)):
+            axes = dict(zip(p.AXES, parts))
+            found = [x for x in par.problems(par.Layout(*parts), config, 8, 1, 8 * 8)
+                     if "--tp with --experts" not in x]
+            assert search.divides(model, axes, 12) == (not found), (shape, axes, found)
+            checked += 1
+    assert checked == 4 * 56

@@ -64,8 +64,12 @@ def test_simulated_1f1b_is_the_formula(p):
             if 0 <= to < stages:
                 plan.append(("send", (kind, to, i), (kind, min(s, to)), 0.0))
         plans[s] = plan
-    end, _ = p.simulate(plans, 1, 0.0)
+    end, parts = p.simulate(plans, 1, 0.0)
     assert math.isclose(max(end), (m + stages - 1) * (F + B))
+    # the step's "bubble" is seconds the last stage to end waits; over its compute seconds it is
+    # chapters 5 and 13's bubble, idle over busy: (p - 1) / m
+    last = max(range(stages), key=lambda s: end[s])
+    assert math.isclose(parts[last]["bubble"] / parts[last]["compute"], (stages - 1) / m)
 
 
 def test_shared_cores_fill_the_bubble(p):
