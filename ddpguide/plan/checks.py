@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+from typing import Any
 
 #: the time check on chapter 15's emulated cluster: the GPT, its sequence and batch, the link
 #: between the nodes and the cluster's shape (4 ranks on this machine's 2 cores)
@@ -72,7 +73,7 @@ def dtensor_constants() -> dict[str, float]:
             "base_latency_us": number(r"latency = ([\d.]+) \+", gather)}
 
 
-def dtensor_hardware(hw):
+def dtensor_hardware(hw: Any) -> Any:
     """``hw`` with DTensor's link constants (its bytes/s are GB/s of bus bandwidth)."""
     c = dtensor_constants()
     out = copy.deepcopy(hw)

@@ -134,7 +134,7 @@ def _torchtitan(p: ModuleType, catalog) -> list[dict]:
     return rows
 
 
-def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: int):
+def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: int) -> Any:
     """nanotron's layout in the program's terms: DP replicas (ZeRO-1 splits AdamW's state),
     TP with sequence parallelism and a vocabulary-parallel loss, 1F1B over gas micro-batches."""
     return p.Layout(pp=pp, dp_replicate=dp, tp=tp, microbatches=gas if pp > 1 else 1,
@@ -172,8 +172,8 @@ def playbook(p: ModuleType, catalog: ModuleType, sheet: str = "H100-playbook") -
     return rows
 
 
-def best(p: ModuleType, catalog, name: str, gpus: int, batch: int, seq: int, hw_name: str = "H100",
-         embedding: bool = False, zeros: tuple[int, ...] = (0, 1)):
+def best(p: ModuleType, catalog: ModuleType, name: str, gpus: int, batch: int, seq: int, hw_name: str = "H100",
+         embedding: bool = False, zeros: tuple[int, ...] = (0, 1)) -> dict[str, Any] | None:
     """The planner's best layout that fits, among the ones nanotron and picotron run (DP, TP,
     PP, gradient accumulation; ZeRO stages ``zeros`` where there are replicas), for a global
     batch of `batch` sequences (MFU counted as flops_per_token does with ``embedding``)."""
@@ -207,6 +207,8 @@ def _picotron(p: ModuleType, catalog) -> list[dict]:
     rows = []
     for name, gpus, mfu, mbs, seq, gas in PICOTRON:
         chosen = best(p, catalog, name, gpus, gpus * mbs * gas, seq, embedding=True, zeros=(0,))
+        if chosen is None:
+            raise LookupError(f"picotron, {name} on {gpus} GPUs: no layout fits")
         predicted = chosen["mfu"]
         rows.append({"source": "picotron", "key": f"picotron, {name}, {gpus} GPUs", "model": name, "gpus": gpus,
                      "apart": True,
