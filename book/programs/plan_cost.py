@@ -54,7 +54,7 @@ class Model:
     cp_mask: bool = False
 
     @property
-    def kv_dim(self):
+    def kv_dim(self) -> int:
         return self.dim // self.heads * (self.kv_heads or self.heads)
 
 
@@ -90,15 +90,15 @@ class Layout:
         return {a: getattr(self, a) for a in AXES}
 
     @property
-    def world(self):
+    def world(self) -> int:
         return math.prod(self.sizes().values())
 
     @property
-    def data_parallel(self):
+    def data_parallel(self) -> int:
         return self.dp_replicate * self.dp_shard * self.ep
 
     @property
-    def passes(self):
+    def passes(self) -> int:
         """Forward and backward passes a rank makes in a step: the schedule's micro-batches
         (each accumulation step's, in one schedule) or the accumulation steps."""
         return self.microbatches * self.accumulate if self.pp > 1 else self.accumulate
@@ -137,7 +137,7 @@ class Hardware:
     sources: dict = field(default_factory=dict)
 
 
-def matmul_rate(hw, m, k, n, float8=False):
+def matmul_rate(hw: Hardware, m: int, k: int, n: int, float8: bool = False) -> float:
     """FLOP/s of one (m x k) @ (k x n): the nearest measured shape (in log space), else a
     roofline: the ceiling's FLOP/s or the bytes over the memory bandwidth, the slower."""
     if hw.matmul:
@@ -150,13 +150,13 @@ def matmul_rate(hw, m, k, n, float8=False):
     return flops / max(flops / peak, moved / hw.bandwidth)
 
 
-def shards(rows, ranks, index):
+def shards(rows: int, ranks: int, index: int) -> int:
     """Rows of a dim-0 shard under FSDP2 (padded to a multiple of the ranks: ceil each)."""
     per = -(-rows // ranks)
     return max(0, min(per, rows - index * per))
 
 
-def coordinates(lay, rank):
+def coordinates(lay: Layout, rank: int) -> dict:
     out = {}
     for axis in reversed(AXES):
         size = getattr(lay, axis)
@@ -164,11 +164,11 @@ def coordinates(lay, rank):
     return out
 
 
-def fsdp_on(lay):
+def fsdp_on(lay: Layout) -> bool:
     return lay.dp_shard * lay.cp * lay.ep > 1 or (lay.dp_replicate > 1 and (lay.tp > 1 or lay.pp > 1))
 
 
-def stage_parameters(m, lay, stage):
+def stage_parameters(m: Model, lay: Layout, stage: int) -> list:
     """(rows, columns, kind) of every parameter a stage holds, split by TP (Megatron's
     column/row split; the embedding by vocabulary rows; norms whole)."""
     t, d, h = lay.tp, m.dim, m.ffn
@@ -196,7 +196,7 @@ def stage_parameters(m, lay, stage):
     return out
 
 
-def in_flight(lay, stage):
+def in_flight(lay: Layout, stage: int) -> int:
     """Micro-batches whose activations a stage holds at once (of the schedule's lay.passes)."""
     if lay.pp == 1:
         return 1
@@ -207,7 +207,7 @@ def in_flight(lay, stage):
     return min(lay.passes, lay.pp - stage)
 
 
-def activations(m, lay, pol, rows, seq, stage, cp_rank=1):
+def activations(m: Model, lay: Layout, pol: Policy, rows: int, seq: int, stage: int, cp_rank: int = 1) -> float:
     """Bytes autograd keeps for one micro-batch on one stage (rows sequences of seq tokens
     on this rank, which is cp_rank on the cp axis). Per block, in units of the rank's
     residual stream x = rows x seq x dim, t = tp:
@@ -266,7 +266,7 @@ def activations(m, lay, pol, rows, seq, stage, cp_rank=1):
     return total
 
 
-def memory(m, lay, pol, batch, seq, rank=0):
+def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int = 0) -> dict:
     """Bytes one rank holds at its peak, by component."""
     at = coordinates(lay, rank)
     stage = at["pp"]
@@ -301,7 +301,7 @@ def memory(m, lay, pol, batch, seq, rank=0):
     return out
 
 
-def ring(kind, n, gloo=False):
+def ring(kind: str, n: int, gloo: bool = False) -> tuple:
     """(messages in a row, bytes on the busiest link per byte of the whole tensor) of one call
     over n ranks. gloo reduce-scatters by an all-reduce (chapter 15 counts it on the wire)."""
     if kind == "all_reduce" or (kind == "reduce_scatter" and gloo):
@@ -311,7 +311,7 @@ def ring(kind, n, gloo=False):
     return n - 1, (n - 1) / n  # all-gather, reduce-scatter, all-to-all
 
 
-def members(lay, axes):
+def members(lay: Layout, axes: tuple) -> list:
     """The ranks of rank 0's group over these mesh axes (tp innermost, as torchrun numbers)."""
     ranks, stride = [0], 1
     for axis in reversed(AXES):
@@ -322,7 +322,7 @@ def members(lay, axes):
     return sorted(ranks)
 
 
-def link(hw, lay, axes):
+def link(hw: Hardware, lay: Layout, axes: tuple) -> tuple:
     """The link a group over these axes crosses ('node' or 'net') and how many transfers share
     it when every group of these axes runs at once: each group spanning nodes sends one ring
     edge out of each node, and a node has hw.nics network links (0: one per GPU)."""
@@ -340,7 +340,8 @@ def link(hw, lay, axes):
 _LINKS = {}  # (layout, axes, GPUs a node, NICs a node) -> link()
 
 
-def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
+def collective(hw: Hardware, lay: Layout, kind: str, call_bytes: float, axes: tuple, calls: int = 1,
+               ranks: int = 0, gap: float = math.inf) -> float:
     """Seconds of `calls` collectives of this kind, each over a whole tensor of call_bytes, on
     the group of these axes (ranks: its size, when not all the axes' ranks). Per call: alpha
     per message in a row, the per-call overhead, and beta per byte on the busiest link (times
@@ -362,7 +363,7 @@ def collective(hw, lay, kind, call_bytes, axes, calls=1, ranks=0, gap=math.inf):
                     + beta * max(0.0, share * wire * call_bytes - credit))
 
 
-def bus_rate(table, nodes):
+def bus_rate(table: list, nodes: int) -> float:
     """Bytes/s of a measured bus bandwidth at this many nodes: linear in log-log between the
     measured node counts; outside the measured range, the nearest measured value."""
     (n0, b0), *rest = sorted(table)
@@ -376,7 +377,7 @@ def bus_rate(table, nodes):
     return b0
 
 
-def microbatch(m, lay, pol, hw, rows, seq, stage):
+def microbatch(m: Model, lay: Layout, pol: Policy, hw: Hardware, rows: int, seq: int, stage: int) -> dict:
     """One micro-batch on one rank of a stage (rows sequences of seq tokens, split over cp):
     seconds of its forward and backward compute at the rank's full speed, and of the
     collectives inside them it waits for (TP's, CP's, EP's). Each linear layer is three
@@ -476,7 +477,7 @@ def microbatch(m, lay, pol, hw, rows, seq, stage):
             "backward_comm": bwd + redo * fwd, "send": tokens * d // t * B}
 
 
-def order(schedule, stages, stage, microbatches):
+def order(schedule: str, stages: int, stage: int, microbatches: int) -> list:
     """The forwards and backwards of a stage in the order torch's schedules run them."""
     if schedule == "GPipe":
         return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
@@ -490,7 +491,7 @@ def order(schedule, stages, stage, microbatches):
     return out
 
 
-def simulate(plans, ranks_per_stage, cores):
+def simulate(plans: list, ranks_per_stage: int, cores: float) -> tuple:
     """Run the stages' plans side by side. A plan is a list of ('work', s): s seconds of compute
     at a rank's full speed; ('wait', s, part): a collective that blocks s seconds; ('send',
     key, link, s): a transfer that takes s seconds once the link is free; ('recv', key): wait
@@ -572,7 +573,7 @@ def simulate(plans, ranks_per_stage, cores):
     return end, parts
 
 
-def ddp_exposed(hw, lay, pol, backward, stage_bytes):
+def ddp_exposed(hw: Hardware, lay: Layout, pol: Policy, backward: float, stage_bytes: float) -> float:
     """DDP's buckets (1 MiB first, then 25 MiB, last layers first) each all-reduced once
     backward has made it, one after another; with hw.overlap they run beside the backward
     and what ends after it shows, else all of it."""
@@ -590,7 +591,7 @@ def ddp_exposed(hw, lay, pol, backward, stage_bytes):
     return max(0.0, end - backward)
 
 
-def step(m, lay, pol, hw, batch, seq):
+def step(m: Model, lay: Layout, pol: Policy, hw: Hardware, batch: int, seq: int) -> dict:
     """Seconds of one optimizer step on the rank that ends last, by part. Each stage's
     micro-batches run in the schedule's order, a pipeline's activations cross the link
     between stages, and ranks share hw.cores (simulate). The overlap rule: TP, CP and EP
@@ -685,7 +686,7 @@ def step(m, lay, pol, hw, batch, seq):
     return out
 
 
-def grad_norm(m, lay, pol, hw):
+def grad_norm(m: Model, lay: Layout, pol: Policy, hw: Hardware) -> float:
     """Seconds of the gradient norm's all-reduces (torch.nn.utils.get_total_norm, as train.py
     clips): one number a gradient tensor, over each mesh dimension that shards the gradients
     (FSDP's, TP's; DDP's are whole: none); the experts' own under EP, and one number over ep;
@@ -702,7 +703,7 @@ def grad_norm(m, lay, pol, hw):
     return out + collective(hw, lay, "all_reduce", 8, ("pp",))
 
 
-def flops(m, batch, seq):
+def flops(m: Model, batch: int, seq: int) -> float:
     """Model FLOPs of a step: 6 x matmul parameters per token plus attention (12 x layers x
     dim x seq per token; the causal half without a mask)."""
     h = m.ffn * (3 if m.gated else 2) * m.dim
@@ -713,19 +714,19 @@ def flops(m, batch, seq):
     return batch * seq * (6 * params + attn)
 
 
-def stage_memory(m, lay, pol, batch, seq):
+def stage_memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int) -> list:
     """Memory of each stage's busiest rank, by component: its first rank holds the largest
     (ceil) shards."""
     per_stage = lay.world // lay.pp
     return [memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
-def peak_memory(mems):
+def peak_memory(mems: list) -> float:
     """What one GPU must hold: the largest of the stages' busiest ranks (``stage_memory``)."""
     return max(sum(x.values()) for x in mems)
 
 
-def predict(m, lay, pol, hw, batch, seq):
+def predict(m: Model, lay: Layout, pol: Policy, hw: Hardware, batch: int, seq: int) -> dict:
     """The whole prediction: memory of each stage's busiest rank, the step and its parts,
     tokens/s a GPU and MFU against the data-sheet peak."""
     mems = stage_memory(m, lay, pol, batch, seq)
