@@ -21,6 +21,7 @@ from ddpguide.plan.__main__ import main
     (["--link", "1gbit"], "--link 1gbit: only with --hardware cluster"),
     (["--hardware", "cluster", "--gpus", "3"], "--gpus 3: with --hardware cluster, 2 to 8 nodes"),
     (["--hardware", "cluster", "--link", "5tbit"], "'5tbit' is not a rate such as 1gbit"),
+    (["--headroom", "0.5"], "--headroom 0.5: between 1 and 4 (times the predicted peak)"),
     (["--gpus", "12", "--hardware", "h100"], "--gpus 12: does not fill whole nodes of 8 GPUs (--gpus-per-node 8); "
                                              "plan a multiple of 8"),
 ])
