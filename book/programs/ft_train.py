@@ -220,7 +220,8 @@ def train(args):
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
         load_state_dict=load_state_dict, state_dict=state_dict,
         use_async_quorum=False, init_sync=False, replica_id=f"group{args.group}",
-        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+        timeout=timeout, quorum_timeout=timedelta(seconds=args.quorum_timeout),
+        connect_timeout=timeout,
         quorum_retries=args.quorum_retries, lighthouse_addr=args.lighthouse)
     write("started", step=manager.current_step(), pid=os.getpid())
     sent = count_bytes(manager)
@@ -389,7 +390,9 @@ def main(argv=None):
                         help="DiLoCo's outer SGD momentum (default 0)")
     parser.add_argument("--nesterov", action="store_true", help="DiLoCo's outer SGD: Nesterov")
     parser.add_argument("--timeout", type=int, default=10,
-                        help="seconds for every collective, quorum and heal (default 10)")
+                        help="seconds for every collective and heal (default 10)")
+    parser.add_argument("--quorum-timeout", type=int, default=20,
+                        help="seconds a quorum may take (a lighthouse restarting; default 20)")
     parser.add_argument("--quorum-retries", type=int, default=3,
                         help="quorum requests tried again (a lighthouse restarting; default 3)")
     parser.add_argument("--linger", type=float, default=60.0,

@@ -25,8 +25,8 @@ class Chaos:
     """Failures injected into a running :class:`engine.Job`, one after the other."""
 
     def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
-                 gap_s: tuple[float, float] = (1.0, 3.0)):
-        self.job, self.rng, self.gap_s = job, random.Random(seed), gap_s
+                 gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False):
+        self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
         self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
         self.log: list[dict] = []
 
@@ -57,8 +57,9 @@ class Chaos:
         return max(steps, default=0) >= self.job.settings.steps - margin
 
     def run(self, failures: int, until_s: float, margin: int) -> list[dict]:
-        """Inject ``failures`` failures (fewer if the run nears its end or ``until_s``)."""
-        for _ in range(failures):
+        """Inject ``failures`` failures (fewer if the run nears its end or ``until_s``): kinds
+        drawn at random, or taken in turn (``in_order``)."""
+        for i in range(failures):
             while not self._healthy():
                 if time.monotonic() > until_s or not self.job.running():
                     return self.log
@@ -66,7 +67,8 @@ class Chaos:
             time.sleep(self.rng.uniform(*self.gap_s))
             if self._near_the_end(margin) or time.monotonic() > until_s:
                 break
-            self.inject(self.rng.choice(self.kinds), until_s)
+            kind = self.kinds[i % len(self.kinds)] if self.in_order else self.rng.choice(self.kinds)
+            self.inject(kind, until_s)
         return self.log
 
     def inject(self, kind: str, until_s: float) -> None:

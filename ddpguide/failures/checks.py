@@ -23,12 +23,17 @@ import torch
 
 
 def committed_together(report: dict) -> list[str]:
-    """In every quorum, a step is committed by every rank of every group that ran it, or by none."""
-    votes: dict[tuple[int, int], set[bool]] = defaultdict(set)
+    """In every quorum, a step is committed by every rank of every group that ran it, or by none.
+
+    A rank that did not commit a step in a quorum of that size, and committed it in none, beside
+    a rank that did: the quorum split. (A group alone that tries a step again, in a quorum of
+    the same size, is not a split.)"""
+    voters: dict[tuple[int, int], dict[bool, set]] = defaultdict(lambda: {True: set(), False: set()})
     for row in report["step"]:
-        votes[(row["step"], row["participants"])].add(row["committed"])
-    return [f"step {s} with {n} participants: some groups committed, some did not"
-            for (s, n), v in sorted(votes.items()) if len(v) > 1]
+        voters[(row["step"], row["participants"])][row["committed"]].add((row["group"], row["rank"]))
+    return [f"step {s} with {n} participants: {sorted(v[True])} committed, "
+            f"{sorted(v[False] - v[True])} did not"
+            for (s, n), v in sorted(voters.items()) if v[True] and v[False] - v[True]]
 
 
 def equal_after_commit(report: dict) -> list[str]:

@@ -17,21 +17,24 @@ from ddpguide.launch import report as contract
 def stall_bound_s(settings: engine.Settings) -> float:
     """How long a survivor may go without committing after a failure: a hung peer holds its
     all-reduce for the collective's timeout, the quorum then waits out the heartbeat and the
-    join timeout, and the step is tried again (twice the timeout, for a heal on top)."""
+    join timeout, and the step is tried again (twice the timeout, for a heal on top). A
+    lighthouse started again answers within the same bound (the Managers wait up to the
+    program's --quorum-timeout, 20 s, for it)."""
     return (2 * settings.timeout_s + (settings.heartbeat_timeout_ms + settings.join_timeout_ms)
             / 1000 + 10 * settings.step_seconds + 2.0)
 
 
 def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
-        kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10) -> dict:
-    """Run, inject ``failures`` failures drawn from ``seed``, check; the report as read back."""
+        kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False) -> dict:
+    """Run, inject ``failures`` failures drawn from ``seed`` (of ``kinds`` in turn when
+    ``in_order``), check; the report as read back."""
     folder = Path(folder)
     start = time.time()
     until = time.monotonic() + settings.deadline_s
     job = engine.Job(settings, folder)
     try:
         job.start()
-        log = chaos.Chaos(job, seed, kinds).run(failures, until, margin) if failures else []
+        log = chaos.Chaos(job, seed, kinds, in_order=in_order).run(failures, until, margin) if failures else []
         finished = job.wait(until)
     finally:
         left = job.stop()

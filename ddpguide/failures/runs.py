@@ -23,12 +23,14 @@ PROGRAM = "ft_train.py"
 
 
 def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
-           kinds: tuple[str, ...] = ("kill",), **settings: object) -> dict:
+           kinds: tuple[str, ...] = ("kill",), in_order: bool = False,
+           **settings: object) -> dict:
     """``ft_train.py`` under the engine (lighthouse + one torchrun per group) in ``folder``,
     with ``failures`` failures of ``kinds`` from ``seed``; the checked report."""
     from ddpguide.failures import engine, run
 
-    return run.run(engine.Settings(**settings), folder, failures, seed, kinds)  # type: ignore[arg-type]
+    return run.run(engine.Settings(**settings), folder, failures, seed, kinds,  # type: ignore[arg-type]
+                   in_order=in_order)
 
 
 def copied(folder: str | Path) -> Path:

@@ -16,11 +16,12 @@ def test_a_failure_lands_in_the_last_step_begun_before_it():
 
 @pytest.mark.multiprocess
 def test_a_short_chaos_run_of_kills_segfaults_hangs_and_a_lighthouse_restart(tmp_path):
-    report = runs.run_ft(tmp_path / "run", failures=3, seed=3,
+    report = runs.run_ft(tmp_path / "run", failures=3, seed=3, in_order=True,
                          kinds=("segv", "hang", "lighthouse"), groups=2, steps=200,
                          step_seconds=0.2, deadline_s=150.0)
     assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
-    assert len(report["failures"]) >= 3, report["failures"]
+    assert [f["what"] for f in report["failures"]][:2] == ["SIGSEGV (segv)", "SIGSTOP"]
+    assert report["failures"][-1]["what"] == "lighthouse killed", report["failures"]
 
 
 @pytest.mark.slow

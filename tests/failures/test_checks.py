@@ -130,3 +130,10 @@ def test_each_invariant_fails_on_a_report_that_breaks_it(breaks, name):
     report = copy.deepcopy(good())
     breaks(report)
     assert name in failing(report)
+
+
+def test_a_group_alone_that_tries_a_step_again_is_no_split():
+    report = good()
+    retry = dict(_step(report, 0, 1), committed=False, time=2.05)
+    report["step"].insert(0, retry)
+    assert checks.committed_together(report) == []
