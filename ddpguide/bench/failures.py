@@ -73,8 +73,9 @@ def run(quick: bool = False) -> Report:
     h = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="ddpguide-failures-") as tmp, \
             tracked(report, total=5, unit="figure") as progress:
-        ddp = runs.run_ft(Path(tmp, "ddp"), steps=4 * h)
-        diloco = runs.run_ft(Path(tmp, "diloco"), steps=4, extra=("--diloco", str(h)))
+        ddp = runs.run_ft(Path(tmp, "ddp"), steps=4 * h, min_replicas=2)
+        diloco = runs.run_ft(Path(tmp, "diloco"), steps=4, min_replicas=2,
+                             extra=("--diloco", str(h)))
         ratio = _bytes_per_inner_step(diloco, "inner") / _bytes_per_inner_step(ddp, "step") * h
         progress.advance("diloco bytes", [("diloco bytes per inner step over ddp's x H", ratio, "")])
         report.ratios["diloco_bytes_over_ddp_times_h"] = ratio

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpguide.core.processes import alive, descendants, ephemeral_port, processes_with_env
+from ddpguide.core.processes import alive, descendants, processes_with_env, store_port
 from ddpguide.launch import programs
 from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
 
@@ -39,6 +39,7 @@ class Settings:
     lr: float = 0.1
     hidden: int = 10
     max_restarts: int = 5
+    min_replicas: int = 1           # the lighthouse's: groups a quorum needs (1: survivors go on)
     timeout_s: int = 5              # the program's collective, quorum and heal timeout
     heartbeat_timeout_ms: int = 1000
     join_timeout_ms: int = 1000
@@ -52,6 +53,8 @@ class Settings:
             return f"--groups {self.groups}: at least 2 (a survivor to heal from)"
         if self.group_size not in (1, 2):
             return f"--group-size {self.group_size}: 1 (DDP) or 2 (FSDP2 in the group)"
+        if not 1 <= self.min_replicas <= self.groups:
+            return f"--min-replicas {self.min_replicas}: 1 to --groups"
         if self.steps < 1:
             return f"--steps {self.steps}: at least 1"
         if self.max_restarts < 0 or self.deadline_s <= 0 or self.step_seconds < 0:
@@ -61,7 +64,8 @@ class Settings:
 
 def lighthouse_argv(settings: Settings, port: int) -> list[str]:
     """The command a reader types to start torchft's lighthouse."""
-    return [str(Path(sys.executable).with_name("torchft_lighthouse")), "--min_replicas", "1",
+    return [str(Path(sys.executable).with_name("torchft_lighthouse")),
+            "--min_replicas", str(settings.min_replicas),
             "--bind", f"[::]:{port}", "--join_timeout_ms", str(settings.join_timeout_ms),
             "--heartbeat_timeout_ms", str(settings.heartbeat_timeout_ms),
             "--quorum_tick_ms", str(settings.quorum_tick_ms)]
@@ -93,7 +97,7 @@ class Job:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.ranks = Ranks(workdir=self.folder)
-        self.lighthouse_port = ephemeral_port()
+        self.lighthouse_port = store_port()   # below the ephemeral range: no client takes it
         self.lighthouse_url = f"http://127.0.0.1:{self.lighthouse_port}"
         self.commands: list[str] = []
         self.reaper: subprocess.Popen | None = None
@@ -110,10 +114,13 @@ class Job:
         deadline = time.monotonic() + 10
         while not programs.load(PROGRAM).lighthouse_reachable(self.lighthouse_url, 0.2):
             if time.monotonic() > deadline or not self.ranks.alive(self.lighthouse):
-                raise RuntimeError(f"the lighthouse did not start:\n{self.ranks.ended().output}")
+                self.ranks.tail.poll()
+                raise RuntimeError(f"the lighthouse did not start (exit status "
+                                   f"{self.ranks.returncode(self.lighthouse)}, port "
+                                   f"{self.lighthouse_port}):\n{self.ranks.ended().output}")
             time.sleep(0.05)
         for g in range(self.settings.groups):
-            argv = group_argv(self.settings, g, ephemeral_port(), self.folder)
+            argv = group_argv(self.settings, g, store_port(), self.folder)
             env = group_env(g, self.settings.groups, self.lighthouse_url)
             self.commands.append(" ".join([*(f"{k}={env[k]}" for k in list(env)[:3]),
                                            "torchrun", *argv[3:]]))
