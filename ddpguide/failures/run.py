@@ -14,14 +14,19 @@ from ddpguide.launch import programs
 from ddpguide.launch import report as contract
 
 
+#: gloo's tries at connecting a new process group (retryLimit=3 in its "failed to connect" log)
+GLOO_CONNECT_TRIES = 4
+
+
 def stall_bound_s(settings: engine.Settings) -> float:
     """How long a survivor may go without committing after a failure: a hung peer holds its
-    all-reduce for the collective's timeout, the quorum then waits out the heartbeat and the
-    join timeout, and the step is tried again (twice the timeout, for a heal on top). A
-    lighthouse started again answers within the same bound (the Managers wait up to the
-    program's --quorum-timeout, 20 s, for it)."""
-    return (2 * settings.timeout_s + (settings.heartbeat_timeout_ms + settings.join_timeout_ms)
-            / 1000 + 10 * settings.step_seconds + 2.0)
+    all-reduce for the collective's timeout; a peer that comes back (SIGCONT) while still
+    inside its old step joins a quorum it cannot serve, and the survivor's new process group
+    tries to connect to it ``GLOO_CONNECT_TRIES`` times, a timeout each; the lighthouse then
+    waits out the heartbeat and the join timeout; and ten ordinary steps and 2 s of slack."""
+    return ((1 + GLOO_CONNECT_TRIES) * settings.timeout_s
+            + (settings.heartbeat_timeout_ms + settings.join_timeout_ms) / 1000
+            + 10 * settings.step_seconds + 2.0)
 
 
 def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
