@@ -111,7 +111,7 @@ class Job:
              self.ranks.launch_id], stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         self.start_lighthouse()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60   # a loaded machine: seconds before it listens
         while not programs.load(PROGRAM).lighthouse_reachable(self.lighthouse_url, 0.2):
             if time.monotonic() > deadline or not self.ranks.alive(self.lighthouse):
                 self.ranks.tail.poll()

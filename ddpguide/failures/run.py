@@ -13,7 +13,6 @@ from ddpguide.failures import chaos, checks, engine
 from ddpguide.launch import programs
 from ddpguide.launch import report as contract
 
-
 #: gloo's tries at connecting a new process group (retryLimit=3 in its "failed to connect" log)
 GLOO_CONNECT_TRIES = 4
 

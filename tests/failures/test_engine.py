@@ -92,3 +92,15 @@ def test_nothing_is_left_running_when_the_engine_is_killed(sig, tmp_path):
     gone, alive = psutil.wait_procs([psutil.Process(p) for p in tree if psutil.pid_exists(p)],
                                     timeout=30)
     assert [p.pid for p in alive] == []
+
+
+@pytest.mark.multiprocess
+def test_ft_hsdp_groups_survive_a_kill(tmp_path):
+    """Groups of two ranks (FSDP2 inside); one rank killed: torchrun restarts its group whole,
+    both its ranks heal from the other group's, and every invariant holds."""
+    report = runs.run_ft(tmp_path / "run", failures=1, seed=2, kinds=("kill",), groups=2,
+                         group_size=2, steps=300, step_seconds=0.05)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    victim = report["failures"][0]["groups"][0]
+    assert sorted({h["rank"] for h in report["healed"]
+                   if h["group"] == victim and h["incarnation"] > 0}) == [0, 1]
