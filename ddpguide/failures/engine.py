@@ -80,7 +80,10 @@ def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path) -> 
             str(programs.path_of(PROGRAM)), "--rows", str(folder / "rows"),
             "--steps", str(settings.steps), "--step-seconds", str(settings.step_seconds),
             "--seed", str(settings.seed), "--lr", str(settings.lr), "--hidden", str(settings.hidden),
-            "--timeout", str(settings.timeout_s), *settings.extra]
+            "--timeout", str(settings.timeout_s),
+            # a survivor that has finished waits for the restarted groups as long as the run may
+            # take: one that left early would leave a late group no peer to heal from
+            "--linger", str(settings.deadline_s), *settings.extra]
 
 
 def group_env(group: int, groups: int, lighthouse: str) -> dict[str, str]:
