@@ -113,8 +113,9 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "plan.published", "plan.saved", "plan.search", "plan.tracker", "plan.viz",
     ), ("bench", "plan")),
     "17_failures": ("17", (
-        "failures.cadence", "failures.checks", "failures.runs", "launch.programs",
-    ), ("bench",)),
+        "failures.__main__", "failures.cadence", "failures.checks", "failures.engine",
+        "failures.runs", "launch.programs",
+    ), ("bench", "failures")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

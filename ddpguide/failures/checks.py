@@ -1,16 +1,15 @@
 """What must hold after a run of ``ft_train.py`` with failures injected, read from its report.
 
 Every check returns a list of problems (empty when it holds), so that a chapter cell, a
-test and the chaos test assert the same thing. The report's rows, each with its group and
-its rank in the group:
+test and the chaos run assert the same thing. The report's rows (``engine.assemble``),
+each with its group, its rank in the group, its incarnation (torchrun's restart count) and
+its time: ``contributed`` (before a rank's backward), ``step`` (after it: committed or not,
+participants, weights digest), ``healed``, ``checkpoint``, ``final``; and the engine's own
+keys: ``failures`` (what was done, when, and to whom) and ``left_running``.
 
-- ``step``: one per step a rank ran: step, quorum id, participants, committed, weights
-  (a digest of the bytes of the rank's parameters, its shards under FSDP2, after the step);
-- ``contributed``: written just before a rank's backward (its all-reduces): step, quorum:
-  whose batch can be inside that step's average;
-- ``killed`` / ``healed``: a process exiting on purpose; a rank loading a peer's state;
-- ``checkpoint``: a group's checkpoint made complete (renamed) after a step;
-- ``final``: every rank's full parameters when it reached the last step.
+A quorum is named here by its step and its number of participants: torchft 0.2.0 keeps its
+quorum id private, and a step tried again after a failure is tried by a quorum of another
+size (the dead group is out of it).
 """
 
 from __future__ import annotations
@@ -24,12 +23,17 @@ import torch
 
 
 def committed_together(report: dict) -> list[str]:
-    """In every quorum, a step is committed by every rank of every group that ran it, or by none."""
-    votes: dict[tuple[int, int], set[bool]] = defaultdict(set)
+    """In every quorum, a step is committed by every rank of every group that ran it, or by none.
+
+    A rank that did not commit a step in a quorum of that size, and committed it in none, beside
+    a rank that did: the quorum split. (A group alone that tries a step again, in a quorum of
+    the same size, is not a split.)"""
+    voters: dict[tuple[int, int], dict[bool, set]] = defaultdict(lambda: {True: set(), False: set()})
     for row in report["step"]:
-        votes[(row["step"], row["quorum"])].add(row["committed"])
-    return [f"step {s} in quorum {q}: some groups committed, some did not"
-            for (s, q), v in sorted(votes.items()) if len(v) > 1]
+        voters[(row["step"], row["participants"])][row["committed"]].add((row["group"], row["rank"]))
+    return [f"step {s} with {n} participants: {sorted(v[True])} committed, "
+            f"{sorted(v[False] - v[True])} did not"
+            for (s, n), v in sorted(voters.items()) if v[True] and v[False] - v[True]]
 
 
 def equal_after_commit(report: dict) -> list[str]:
@@ -57,8 +61,7 @@ def steps_counted(report: dict) -> dict:
     twice = {f"{g}.{r}": sorted({s for s in ss if ss.count(s) > 1})
              for (g, r), ss in per_rank.items()}
     final_steps = {f"{r['group']}.{r['rank']}": r["step"] for r in report["final"]}
-    everyone = [f"{g}.{r}" for g in report.get("local_groups", range(report["groups"]))
-                for r in range(report.get("group_size", 1))]
+    everyone = [f"{g}.{r}" for g in range(report["groups"]) for r in range(report["group_size"])]
     return {"lost": sorted(set(range(steps)) - committed),
             "applied_twice": {k: t for k, t in twice.items() if t},
             "final_steps": final_steps,
@@ -86,10 +89,10 @@ def contributors(report: dict) -> dict[int, list[int]]:
     """Whose batches are in each committed step: the groups that started that step's
     all-reduce in the quorum that committed it. (A group that died after starting it is
     counted when the survivors' all-reduce completed: its gradient is in their average.)"""
-    quorum_of = {r["step"]: r["quorum"] for r in report["step"] if r["committed"]}
+    quorum_of = {r["step"]: r["participants"] for r in report["step"] if r["committed"]}
     by: dict[int, set[int]] = defaultdict(set)
     for row in report["contributed"]:
-        if quorum_of.get(row["step"]) == row["quorum"]:
+        if quorum_of.get(row["step"]) == row["participants"]:
             by[row["step"]].add(row["group"])
     return {s: sorted(by[s]) for s in sorted(quorum_of)}
 
@@ -173,14 +176,12 @@ def checkpoint_params(path: str, program: ModuleType, report: dict) -> tuple[lis
 
 
 def checkpoints_intact(report: dict, program: ModuleType) -> list[str]:
-    """Every checkpoint a group made holds, bitwise, the replay's weights after its step, and its
-    Manager step; a group killed inside a checkpoint left only its ``.tmp`` folder, never a
-    checkpoint under the final name."""
+    """Every checkpoint a group made holds, bitwise, the replay's weights after its step, and
+    its Manager step."""
     problems: list[str] = []
-    if not report.get("checkpoint_folder"):
+    if not report["checkpoint"]:
         return problems
     weights = replay_steps(report, program)
-    ids = report["replica_ids"]
     for row in report["checkpoint"]:
         if not Path(row["path"]).is_dir():
             problems.append(f"{row['path']}: reported, not there")
@@ -190,25 +191,71 @@ def checkpoints_intact(report: dict, program: ModuleType) -> list[str]:
         if worst is not None or step != row["step"]:
             problems.append(f"{row['path']}: Manager step {step}; differs from the replay after "
                             f"step {row['step']} by {worst or 0:.3g}")
-    for kill in report["killed"]:
-        if kill["where"] == "checkpoint" and kill["rank"] == 0:
-            final = Path(report["checkpoint_folder"], ids[kill["group"]], f"step-{kill['step'] + 1:06d}")
-            if final.exists() or not final.with_name(final.name + ".tmp").is_dir():
-                problems.append(f"{final}: the kill inside it should leave only {final.name}.tmp")
     return problems
 
 
-def all_invariants(report: dict, program: ModuleType) -> dict[str, object]:
-    """Every check above, by name; ``ok`` when all hold."""
+def back_and_healed(report: dict) -> list[str]:
+    """Every group that died (a rank started again by torchrun) is back by the end: its last
+    incarnation healed from a live peer, unless it had committed nothing before it died, and
+    wrote the final row."""
+    problems = []
+    for g in range(report["groups"]):
+        for r in range(report["group_size"]):
+            starts = [row for row in report["started"] if (row["group"], row["rank"]) == (g, r)]
+            last = max((row["incarnation"] for row in starts), default=0)
+            if last == 0:
+                continue
+            final = [row for row in report["final"] if (row["group"], row["rank"]) == (g, r)
+                     and row["incarnation"] == last]
+            healed = [row for row in report["healed"] if (row["group"], row["rank"]) == (g, r)
+                      and row["incarnation"] == last]
+            if not final:
+                problems.append(f"group {g} rank {r}: restarted {last} times, not back at the end")
+            elif not healed and any(row["committed"] for row in report["step"] if row["step"] > 0):
+                problems.append(f"group {g} rank {r}: back without healing from a peer")
+    return problems
+
+
+def survivors_keep_going(report: dict, bound_s: float) -> list[str]:
+    """After every failure, every group it did not hit commits a step within ``bound_s``
+    seconds (unless it had already done its last step)."""
+    problems = []
+    for failure in report["failures"]:
+        hit = set(failure.get("groups", []))
+        for g in range(report["groups"]):
+            if g in hit:
+                continue
+            done = min((row["time"] for row in report["final"] if row["group"] == g
+                        and row["rank"] == 0), default=float("inf"))
+            if done <= failure["time"] + bound_s:
+                continue
+            if not any(failure["time"] < row["time"] <= failure["time"] + bound_s
+                       for row in report["step"] if row["group"] == g and row["committed"]):
+                problems.append(f"group {g} committed nothing within {bound_s:g} s of "
+                                f"{failure['what']} at {failure['time'] - report['start']:.1f} s")
+    return problems
+
+
+def nothing_left_running(report: dict) -> list[str]:
+    """No process the engine started is alive after it stopped."""
+    return [f"pid {pid} still running" for pid in report["left_running"]]
+
+
+def checks(report: dict, program: ModuleType, stall_bound_s: float) -> list[dict]:
+    """Every invariant as a ``launch.report`` check: name, ok, and the problems found."""
     counted = steps_counted(report)
-    found: dict[str, object] = {
+    found: dict[str, list] = {
         "committed_together": committed_together(report),
         "equal_after_commit": equal_after_commit(report),
         "heals_match_donor": heals_match_donor(report),
+        "back_and_healed": back_and_healed(report),
+        "survivors_keep_going": survivors_keep_going(report, stall_bound_s),
         "participants_match": participants_match(report),
+        "steps_counted": [] if counted["ok"] else [
+            f"lost {counted['lost']}, applied twice {counted['applied_twice']}, "
+            f"final steps {counted['final_steps']}"],
         "final_equals_replay": final_equals_replay(report, program),
         "checkpoints_intact": checkpoints_intact(report, program),
-        "steps_counted": counted}
-    found["ok"] = counted["ok"] and not any(
-        v for k, v in found.items() if k != "steps_counted")
-    return found
+        "nothing_left_running": nothing_left_running(report)}
+    return [{"name": name, "ok": not problems, "problems": problems}
+            for name, problems in found.items()]

@@ -1,7 +1,7 @@
 """Runs of the chapter's programs with failures injected, and the time each failure costs.
 
-``run_ft`` runs ``ft_train.py`` as a reader types it and returns its report. ``ft_lost_s``
-reads, from a report, what each kill cost the survivors. ``torchrun_lost_s`` runs chapter
+``run_ft`` runs ``ft_train.py`` under the engine and returns its checked report.
+``ft_lost_s`` reads, from a report, what each failure cost the survivors. ``torchrun_lost_s`` runs chapter
 4's ``elastic_train.py`` under torchrun, kills one worker, and measures the same thing:
 torchrun stops the other worker, starts both again, and they reload the checkpoint.
 """
@@ -22,14 +22,15 @@ from ddpguide.launch.ranks import Command, Ranks
 PROGRAM = "ft_train.py"
 
 
-def run_ft(*args: str, timeout: float = 240.0, echo: bool = False) -> dict:
-    """``python ft_train.py ARGS --report report.json``; the report (the run must succeed)."""
-    done = programs.run(PROGRAM, *args, "--report", "report.json", "--deadline",
-                        str(int(timeout) - 10), timeout=timeout, echo=echo, launch="typed")
-    report = json.loads((done.workdir / "report.json").read_text())
-    report["output"] = done.output
-    report["seconds"] = done.seconds
-    return report
+def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
+           kinds: tuple[str, ...] = ("kill",), in_order: bool = False,
+           **settings: object) -> dict:
+    """``ft_train.py`` under the engine (lighthouse + one torchrun per group) in ``folder``,
+    with ``failures`` failures of ``kinds`` from ``seed``; the checked report."""
+    from ddpguide.failures import engine, run
+
+    return run.run(engine.Settings(**settings), folder, failures, seed, kinds,  # type: ignore[arg-type]
+                   in_order=in_order)
 
 
 def copied(folder: str | Path) -> Path:
@@ -45,17 +46,16 @@ def step_interval_s(times: list[float]) -> float:
 
 
 def ft_lost_s(report: dict, window: int = 3) -> list[float]:
-    """For each kill inside a step or an all-reduce: how long the survivors' steps stalled,
-    the gaps between their commits from the last one before the kill to the ``window``-th
-    after it, less ``window`` ordinary steps (the median gap between commits before the kill)."""
+    """For each failure: how long the groups it did not hit stalled, the gaps between their
+    commits from the last one before it to the ``window``-th after it, less ``window``
+    ordinary steps (the median gap between commits before it)."""
     lost = []
-    for kill in report["killed"]:
-        if kill["where"] == "heal":
-            continue
-        mine = sorted(r["time"] for r in report["step"]
-                      if r["committed"] and r["group"] != kill["group"])
-        before = [t for t in mine if t <= kill["time"]]
-        after = [t for t in mine if t > kill["time"]][:window]
+    for failure in report["failures"]:
+        mine = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
+                      and r["group"] not in failure["groups"] and r["group"] == min(
+                          g for g in range(report["groups"]) if g not in failure["groups"]))
+        before = [t for t in mine if t <= failure["time"]]
+        after = [t for t in mine if t > failure["time"]][:window]
         if before and after:
             lost.append(after[-1] - before[-1] - len(after) * step_interval_s(before))
     return lost

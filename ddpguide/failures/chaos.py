@@ -1,0 +1,122 @@
+"""Failures from outside the program: chosen by pid from the process tree the engine started,
+at moments drawn from a seed, each logged with its wall time (and, after the run, the step
+it landed in).
+
+Kinds: ``kill`` (SIGKILL of a random rank), ``segv`` (SIGSEGV), ``hang`` (SIGSTOP past the
+timeouts, then SIGKILL or SIGCONT), ``lighthouse`` (killed, started again at the same
+address), ``heal`` (a rank killed, then its replacement killed as soon as it has started,
+while it joins and heals), ``quorum`` (a rank killed just after a step, while the next
+quorum forms), ``two`` (a rank of each of two groups at once; three groups or more).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from ddpguide.core.processes import signal_all
+from ddpguide.failures import engine
+
+KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two")
+
+
+class Chaos:
+    """Failures injected into a running :class:`engine.Job`, one after the other."""
+
+    def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
+                 gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False):
+        self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
+        self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
+        self.log: list[dict] = []
+
+    def rows(self) -> list[dict]:
+        return engine.read_rows(self.job.folder)
+
+    def _rank(self, group: int, until_s: float) -> int | None:
+        """A random rank's pid of ``group``, once torchrun has started it."""
+        while time.monotonic() < until_s:
+            pids = self.job.ranks_of(group)
+            if len(pids) == self.job.settings.group_size:
+                return self.rng.choice(sorted(pids))
+            time.sleep(0.05)
+        return None
+
+    def _note(self, what: str, groups: list[int], pids: list[int], **more: object) -> None:
+        self.log.append({"what": what, "groups": groups, "pids": pids, "time": time.time(), **more})
+
+    def _healthy(self) -> bool:
+        """Every group has committed a step since the last failure (it is back and working)."""
+        since = self.log[-1]["time"] if self.log else 0.0
+        committed = {r["group"] for r in self.rows() if r["event"] == "step" and r["committed"]
+                     and r["time"] > since}
+        return committed == set(range(self.job.settings.groups))
+
+    def _near_the_end(self, margin: int) -> bool:
+        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        return max(steps, default=0) >= self.job.settings.steps - margin
+
+    def run(self, failures: int, until_s: float, margin: int) -> list[dict]:
+        """Inject ``failures`` failures (fewer if the run nears its end or ``until_s``): kinds
+        drawn at random, or taken in turn (``in_order``)."""
+        for i in range(failures):
+            while not self._healthy():
+                if time.monotonic() > until_s or not self.job.running():
+                    return self.log
+                time.sleep(0.05)
+            time.sleep(self.rng.uniform(*self.gap_s))
+            if self._near_the_end(margin) or time.monotonic() > until_s:
+                break
+            kind = self.kinds[i % len(self.kinds)] if self.in_order else self.rng.choice(self.kinds)
+            self.inject(kind, until_s)
+        return self.log
+
+    def inject(self, kind: str, until_s: float) -> None:
+        groups = self.job.settings.groups
+        if kind == "lighthouse":
+            self.job.ranks.signal(self.job.lighthouse, signal.SIGKILL)
+            self._note("lighthouse killed", [], [self.job.ranks.pid(self.job.lighthouse)])
+            time.sleep(0.2)
+            self.job.start_lighthouse()      # the same port: the Managers retry their quorum
+            return
+        victims = self.rng.sample(range(groups), 2 if kind == "two" else 1)
+        pids = [p for p in (self._rank(g, until_s) for g in victims) if p is not None]
+        if kind == "quorum":                 # just after a step: the next quorum is forming
+            seen = len(self.rows())
+            while time.monotonic() < until_s and not any(
+                    r["event"] == "step" and r["group"] == victims[0]
+                    for r in self.rows()[seen:]):
+                time.sleep(0.01)
+        if kind == "hang":
+            signal_all(pids, signal.SIGSTOP)
+            self._note("SIGSTOP", victims, pids)
+            time.sleep(self.job.settings.timeout_s + 1.0)   # past every timeout
+            sig = self.rng.choice([signal.SIGKILL, signal.SIGCONT])
+            signal_all(pids, sig)
+            self._note(signal.Signals(sig).name, victims, pids, after="SIGSTOP")
+            return
+        sig = signal.SIGSEGV if kind == "segv" else signal.SIGKILL
+        signal_all(pids, sig)
+        self._note(f"{signal.Signals(sig).name} ({kind})", victims, pids)
+        if kind == "heal":                   # the replacement, while it joins and heals
+            before = {p for g in victims for p in self.job.ranks_of(g)}
+            while time.monotonic() < until_s:
+                rows = self.rows()
+                started = [r for r in rows if r["event"] == "started" and r["group"] == victims[0]
+                           and r["time"] > self.log[-1]["time"]]
+                if started:
+                    pid = started[0]["pid"]
+                    if pid not in before:
+                        signal_all([pid], signal.SIGKILL)
+                        self._note("SIGKILL (while healing)", victims, [pid])
+                    return
+                time.sleep(0.01)
+
+
+def landed(failures: list[dict], rows: list[dict]) -> list[dict]:
+    """Each failure with the step it landed in: the last step any rank had begun by then."""
+    out = []
+    for failure in failures:
+        begun = [r["step"] for r in rows if r["event"] == "contributed" and r["time"] <= failure["time"]]
+        out.append({**failure, "step": max(begun, default=0)})
+    return out

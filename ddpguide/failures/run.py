@@ -1,0 +1,55 @@
+"""One run of the chapter's job with (or without) chaos, checked: ``run`` starts the
+lighthouse and the groups' torchrun jobs (:mod:`.engine`), injects the failures
+(:mod:`.chaos`), stops everything, and writes the report with one check per invariant
+(:mod:`.checks`); the report is read back through ``launch.report``."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ddpguide.failures import chaos, checks, engine
+from ddpguide.launch import programs
+from ddpguide.launch import report as contract
+
+#: gloo's tries at connecting a new process group (retryLimit=3 in its "failed to connect" log)
+GLOO_CONNECT_TRIES = 4
+
+
+def stall_bound_s(settings: engine.Settings) -> float:
+    """How long a survivor may go without committing after a failure: a hung peer holds its
+    all-reduce for the collective's timeout; a peer that comes back (SIGCONT) while still
+    inside its old step joins a quorum it cannot serve, and the survivor's new process group
+    tries to connect to it ``GLOO_CONNECT_TRIES`` times, a timeout each; the lighthouse then
+    waits out the heartbeat and the join timeout; and ten ordinary steps and 2 s of slack."""
+    return ((1 + GLOO_CONNECT_TRIES) * settings.timeout_s
+            + (settings.heartbeat_timeout_ms + settings.join_timeout_ms) / 1000
+            + 10 * settings.step_seconds + 2.0)
+
+
+def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
+        kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False) -> dict:
+    """Run, inject ``failures`` failures drawn from ``seed`` (of ``kinds`` in turn when
+    ``in_order``), check; the report as read back."""
+    folder = Path(folder)
+    start = time.time()
+    until = time.monotonic() + settings.deadline_s
+    job = engine.Job(settings, folder)
+    try:
+        job.start()
+        log = chaos.Chaos(job, seed, kinds, in_order=in_order).run(failures, until, margin) if failures else []
+        finished = job.wait(until)
+    finally:
+        left = job.stop()
+    rows = engine.read_rows(folder)
+    report = engine.assemble(settings, rows, start=start, seconds=time.time() - start,
+                             commands=job.commands, finished=finished,
+                             exit_codes=job.ranks.returncodes()[1:len(job.agents) + 1],
+                             failures=chaos.landed(log, rows), left_running=left)
+    found = checks.checks(report, programs.load(engine.PROGRAM), stall_bound_s(settings))
+    found.append({"name": "every_group_finished", "ok": finished and all(
+        c == 0 for c in report["exit_codes"]), "problems": [] if finished else ["deadline"]})
+    report["checks"] = found
+    engine.write_report(folder / "report.json", report)
+    return contract.read(folder / "report.json", "the failures engine")

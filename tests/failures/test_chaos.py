@@ -1,0 +1,34 @@
+"""Chaos from outside: the step each failure landed in, and short runs of every kind of
+failure, after which every invariant holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpguide.failures import chaos, runs
+
+
+def test_a_failure_lands_in_the_last_step_begun_before_it():
+    rows = [{"event": "contributed", "step": s, "time": float(s)} for s in range(5)]
+    failures = [{"what": "SIGKILL (kill)", "time": 2.5}, {"what": "x", "time": -1.0}]
+    assert [f["step"] for f in chaos.landed(failures, rows)] == [2, 0]
+
+
+@pytest.mark.multiprocess
+def test_a_short_chaos_run_of_kills_segfaults_hangs_and_a_lighthouse_restart(tmp_path):
+    report = runs.run_ft(tmp_path / "run", failures=3, seed=3, in_order=True,
+                         kinds=("segv", "hang", "lighthouse"), groups=2, steps=200,
+                         step_seconds=0.2, deadline_s=150.0)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    assert [f["what"] for f in report["failures"]][:2] == ["SIGSEGV (segv)", "SIGSTOP"]
+    assert report["failures"][-1]["what"] == "lighthouse killed", report["failures"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("seed, group_size", [(0, 1), (1, 2)])
+def test_a_long_chaos_run_of_every_kind(tmp_path, seed, group_size):
+    report = runs.run_ft(tmp_path / "run", failures=8, seed=seed, kinds=chaos.KINDS, groups=3,
+                         group_size=group_size, steps=400, step_seconds=0.1, deadline_s=400.0)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    assert len(report["failures"]) >= 6, report["failures"]
