@@ -37,8 +37,10 @@ ALLOWED = {
     "cluster": {"core", "launch", "elastic"},
     "plan": {"core", "launch", "gpt", "cluster"},
     "failures": {"core", "launch"},
+    "slurm": {"core", "launch", "cluster"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures"},
+              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures",
+              "slurm"},
 }
 
 
