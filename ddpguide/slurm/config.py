@@ -8,7 +8,8 @@ node's name in a path of ``slurm.conf``). Removing that folder removes all of it
 The timeouts are short so that a lost node shows in seconds: ``SlurmdTimeout``
 seconds without an answer and the controller marks the node DOWN;
 ``ReturnToService=2`` takes it back once its ``slurmd`` registers again.
-``JobRequeue=0``: only a job submitted with ``--requeue`` goes back to the
+A requeued job waits ``cred_expire`` + 1 seconds before it is eligible again
+(set short here). ``JobRequeue=0``: only a job submitted with ``--requeue`` goes back to the
 queue when its node is lost.
 """
 
@@ -27,7 +28,10 @@ PARTITION = "nodes"
 SLURMD_TIMEOUT = 5  # seconds without an answer before the controller marks a node DOWN
 SLURMCTLD_TIMEOUT = 5
 MESSAGE_TIMEOUT = 5
-KILL_WAIT = 3  # seconds between a job's SIGTERM and its SIGKILL
+KILL_WAIT = 10  # seconds between a job's SIGTERM and its SIGKILL: time to checkpoint
+#: a requeued job is eligible again this many seconds + 1 after its requeue (Slurm's default
+#: is the job credential's lifetime, 120 s)
+CRED_EXPIRE = 10
 CGROUP_CONTROLLERS = ("freezer", "cpuset", "memory", "cpu", "cpuacct", "devices", "pids")
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sinfo", "srun", "sbatch", "squeue", "scontrol", "scancel")
@@ -76,7 +80,7 @@ def slurm_conf(run_id: str, nodes: list[Node], cpus: int, folder: Path) -> str:
         f"ClusterName=ddpg{run_id}",
         f"SlurmctldHost={controller.name}({controller.address})",
         "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge",
+        "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=cred_expire={CRED_EXPIRE}",
         f"StateSaveLocation={folder}/state",
         f"SlurmdSpoolDir={folder}/spool-%n",
         f"SlurmctldPidFile={folder}/slurmctld.pid",

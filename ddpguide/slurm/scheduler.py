@@ -101,13 +101,15 @@ class Slurm:
         return daemons.pid_of(self.layout.slurmd_pid(node), "slurmd")
 
     def lose_node(self, node: Node) -> None:
-        """Lose ``node`` as a machine is lost: its link cut, its ``slurmd`` killed outright."""
+        """Lose ``node`` as a machine is lost: its link cut, its ``slurmd`` killed outright, and
+        every other process on it."""
         self.cluster.set_link(node, up=False)
         pid = self.slurmd_pid(node)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             netns.wait_for_exit([pid], 5.0)
+        netns.kill_inside(node.netns, grace=0.0)  # the job's processes there die with the machine
 
     def restore_node(self, node: Node) -> None:
         """Bring ``node`` back: its link up and a fresh ``slurmd`` (``ReturnToService=2``
