@@ -5,6 +5,10 @@ Run by chapter 18's batch script, on every node, under torchrun:
     PROGRAM=book/programs/slurm_requeue.py sbatch --requeue cluster/slurm_torchrun.sbatch \
         --epochs 4 --step-seconds 0.1 --report done.json
 
+Run by hand on one machine: torchrun --standalone --nproc-per-node=2 slurm_requeue.py
+(then `kill -TERM` a worker: every rank stops after the step, and the next run resumes).
+Source: written for this book, no article behind it; rank_device() is ddp_torchrun.py's.
+
 When Slurm takes a job's nodes back (``scontrol requeue JOB``, a preemption, the
 warning before a time limit that the batch script turns into a requeue) it sends
 SIGTERM to every process of the job; torchrun passes it to its workers too. The
@@ -34,6 +38,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -52,6 +57,32 @@ def ask_to_stop(signum, frame):
     STOP["asked"] = True  # acted on after the step in progress, by every rank together
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU, or the CPU where ranks would have to share one (nccl refuses that).
+
+    GPU LOCAL_RANK when this machine shows one per local rank; cuda:0 when the launcher
+    left this rank exactly one (CUDA_VISIBLE_DEVICES names one device: srun --gpus-per-task=1,
+    torchrun --virtual-local-rank). A torchrun worker other than local rank 0 that sees one
+    listed GPU shares it (torchrun passes its CUDA_VISIBLE_DEVICES to every worker
+    unchanged): refused in one line, since rank 0 takes that GPU with nccl.
+    """
+    gpus = torch.cuda.device_count()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if gpus >= local_ranks:
+        return torch.device("cuda", local_rank)
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if gpus == 1 and len(visible) == 1:
+        if local_rank > 0 and "TORCHELASTIC_RUN_ID" in os.environ:
+            print(f"{gpus} GPU visible to every one of {local_ranks} local ranks: nccl needs a GPU "
+                  "of its own for each rank (run one rank per GPU, give each its own with torchrun "
+                  "--virtual-local-rank, or hide it with CUDA_VISIBLE_DEVICES= to run on the CPU)",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def digits():
     """scikit-learn's 8x8 digits (shipped with it, nothing downloaded): 1437 train, 360 test."""
     x, y = load_digits(return_X_y=True)
@@ -67,14 +98,14 @@ def save(path, model, optimizer, epoch, step, history):
     os.replace(path + ".tmp", path)  # a kill mid-save leaves the previous checkpoint whole
 
 
-def train(args, rank, world):
+def train(args, rank, world, device):
     train_set, test_set = digits()
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     epoch, step, history = 0, 0, []
     if os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint, weights_only=True)
+        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         epoch, step, history = state["epoch"], state["step"], state["history"]
@@ -87,15 +118,15 @@ def train(args, rank, world):
             "started_at": time.time()}  # the checkpoint loaded, training about to go on
     print(f"rank {rank}: on {socket.gethostname()}, starting at epoch {epoch} step {step} "
           f"(restart {mine['restart']})", flush=True)
-    model = DDP(model)
-    flag = torch.zeros(1)
+    model = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+    flag = torch.zeros(1, device=device)
     while epoch < args.epochs:
         sampler.set_epoch(epoch)
         for k, (x, y) in enumerate(loader):
             if k < step:
                 continue  # trained by an earlier allocation
             optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            F.cross_entropy(model(x.to(device)), y.to(device)).backward()
             optimizer.step()
             time.sleep(args.step_seconds)  # a longer step, so a stop lands mid-epoch
             step = k + 1
@@ -116,8 +147,8 @@ def train(args, rank, world):
     model.eval()
     with torch.no_grad():
         x, y = test_set.tensors
-        accuracy = (model.module(x).argmax(1) == y).float().mean().item()
-    params = torch.cat([p.detach().flatten() for p in model.module.parameters()])
+        accuracy = (model.module(x.to(device)).argmax(1).cpu() == y).float().mean().item()
+    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu()
     return {"history": history, "steps": args.epochs * per_epoch, "epochs": args.epochs,
             "accuracy": accuracy, "params_sha256": hashlib.sha256(params.numpy().tobytes()).hexdigest(),
             "checks": history_checks(history, args.epochs * per_epoch)}
@@ -157,10 +188,13 @@ def parse_args():
 def main():
     args = parse_args()
     signal.signal(signal.SIGTERM, ask_to_stop)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    device = rank_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
-        result = train(args, rank, world)
+        result = train(args, rank, world, device)
         if result is not None and rank == 0 and args.report:
             with open(args.report + ".tmp", "w") as f:
                 json.dump(result, f)
