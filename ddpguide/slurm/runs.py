@@ -67,6 +67,9 @@ def preempted(slurm: Slurm, folder: Path, epochs: int = 3, step_seconds: float =
     done = slurm.run(["scancel", "--batch", "--signal=USR1", job], 20)
     if done.returncode != 0:
         raise RuntimeError(f"scancel: {done.stderr.strip()}")
+    jobs.wait_for(slurm, job, lambda f: f.get("JobState") == "RUNNING" and f.get("Restarts") == "1",
+                  timeout, "running again")
+    times["running_again"] = time.time()
     return finish(slurm, job, folder, timeout, times)
 
 
