@@ -111,7 +111,7 @@ def cmd_down(args: object) -> int:
     try:
         slurm = chosen(args.cluster)  # type: ignore[attr-defined]
     except LookupError as exc:
-        removed = scheduler.remove_dead()
+        removed = scheduler.remove_dead() if missing_prerequisite() is None else []
         if removed and args.cluster in (None, *removed):  # type: ignore[attr-defined]
             print(f"removed what dead drivers left: {', '.join(removed)}")
             return 0
