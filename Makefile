@@ -21,7 +21,7 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890".
 LAB_ARGS ?=
 
-.PHONY: help install book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
+.PHONY: help install slurm-packages book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
 	render linkcheck test-browser test-lab lab bench gpu-check clean
 
 help:
@@ -35,6 +35,7 @@ help:
 	@echo "make bench       run every benchmark suite in full, saved in book/measurements/ for the appendix"
 	@echo "make gpu-check   on a GPU machine: every chapter and benchmark with CUDA"
 	@echo "make test-lab    execute every chapter through a JupyterLab kernel"
+	@echo "make slurm-packages  apt-get install slurm-wlm munge (chapter 18), if missing"
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +44,11 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Slurm and munge for chapter 18 (Debian's packages, as root), when they are missing.
+slurm-packages:
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge
 
 $(BOOK_JS): tools/fetch_book_js.py tools/widget_setup.js | $(STAMP)
 	$(PY) tools/fetch_book_js.py _build/book-js

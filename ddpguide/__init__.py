@@ -25,6 +25,7 @@ chapter                         where its machinery lives
 15 from a laptop to a cluster   ``cluster`` (``python -m ddpguide.cluster``)
 16 choosing a layout            ``plan`` (``python -m ddpguide.plan``)
 17 failures at scale            ``failures``
+18 a scheduler: Slurm           ``slurm`` (``python -m ddpguide.slurm``)
 appendix                        ``bench`` (``python -m ddpguide.bench SUITE``)
 ==============================  ======================================
 =======
@@ -116,6 +117,10 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "failures.__main__", "failures.cadence", "failures.checks", "failures.engine",
         "failures.runs", "launch.programs",
     ), ("bench", "failures")),
+    "18_slurm": ("18", (
+        "cluster.spec", "launch.programs", "launch.report", "slurm.jobs", "slurm.runs",
+        "slurm.scheduler",
+    ), ("slurm",)),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

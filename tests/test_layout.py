@@ -37,8 +37,10 @@ ALLOWED = {
     "cluster": {"core", "launch", "elastic"},
     "plan": {"core", "launch", "gpt", "cluster"},
     "failures": {"core", "launch"},
+    "slurm": {"core", "launch", "cluster"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
-              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures"},
+              "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures",
+              "slurm"},
 }
 
 
@@ -54,6 +56,7 @@ PROGRAMS_USED = {
     "gpt": {"gpt/train.py"},
     "plan": {"plan_cost.py", "gpt/train.py", "gpt/model.py", "gpt/parallelize.py"},
     "failures": {"ft_train.py", "elastic_train.py"},
+    "slurm": {"slurm_requeue.py"},
     "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
 }
 #: the functions of ``ddpguide.launch.programs`` that take a program's name first

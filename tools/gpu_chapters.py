@@ -34,6 +34,7 @@ RANKS = {
     "15_cluster": 4,  # 2 nodes x 2 ranks, in network namespaces (root)
     "16_plan": 4,
     "17_failures": 3,  # replica groups of one process each, and a spare
+    "18_slurm": 4,  # 2 Slurm nodes x 2 ranks (slurm_env.py), in network namespaces (root)
     "appendix_measurements": 1,
 }
 
