@@ -111,7 +111,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     ), ("bench", "cluster", "doctor")),
     "16_plan": ("16", (
         "cluster.netns", "launch.programs", "plan.catalog", "plan.checks", "plan.measure",
-        "plan.published", "plan.saved", "plan.search", "plan.tracker", "plan.viz",
+        "plan.perturb", "plan.published", "plan.saved", "plan.search", "plan.tracker", "plan.viz",
     ), ("bench", "plan")),
     "17_failures": ("17", (
         "failures.__main__", "failures.cadence", "failures.checks", "failures.engine",
