@@ -1,0 +1,104 @@
+"""Where a tensor of the simulated GPU machine (:mod:`ddpguide.core.gpusim`) lives: a tensor
+"on" ``cuda:K`` stays on the CPU, tagged with K, and results take their inputs' device;
+CUDA events as CPU clocks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from ddpguide.core import gpusim_state as sim
+
+
+class Placement(TorchFunctionMode):
+    """Keeps "cuda" tensors on the CPU, tagged with their device; follows the tags."""
+
+    def __init__(self, state: sim.State):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        state = self.state
+        name = getattr(func, "__name__", "")
+        if name == "__get__" and args and isinstance(args[0], torch.Tensor):
+            prop = getattr(getattr(func, "__self__", None), "__name__", "")
+            index = getattr(args[0], sim.TAG, None)
+            if prop in ("device", "is_cuda") and index is not None and sim.caller_outside_torch():
+                return torch.device("cuda", index) if prop == "device" else True
+            return func(*args, **kwargs)
+        if name in sim.SYNCING:
+            state.queued = False
+        if name == "pin_memory":
+            return args[0]
+        target, to_host = None, name == "cpu"
+        if "device" in kwargs and kwargs["device"] is not None:
+            target = sim.cuda_index(kwargs["device"], state)
+            if target is not None:
+                kwargs["device"] = "cpu"
+            else:
+                to_host = True
+        if name == "cuda":
+            index = args[1] if len(args) > 1 else kwargs.get("device")
+            target = sim.cuda_index(index if index is not None else "cuda", state)
+            out = args[0]
+        else:
+            if name == "to":
+                moved = list(args[:1])
+                for a in args[1:]:
+                    if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool)):
+                        k = sim.cuda_index(a, state)
+                        target, to_host, a = (k, False, "cpu") if k is not None else (None, True, a)
+                    elif isinstance(a, torch.Tensor):
+                        target = getattr(a, sim.TAG, None)
+                        to_host = target is None
+                    moved.append(a)
+                args = tuple(moved)
+            out = func(*args, **kwargs)
+        if target is None and not to_host:
+            tags = [getattr(t, sim.TAG, None) for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)]
+            target = next((k for k in tags if k is not None), None)
+        if to_host and args and getattr(args[0], sim.TAG, None) is not None:
+            out = out.clone() if out is args[0] else out  # the host copy is another tensor
+            state.queued = False
+        if target is not None:
+            if name == "backward":  # DDP's and FSDP's collectives run inside it
+                state.queued = True
+            for tensor in tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    try:
+                        setattr(tensor, sim.TAG, target)
+                    except (AttributeError, RuntimeError):
+                        pass
+        return out
+
+
+class Event:
+    """``torch.cuda.Event`` on the CPU: records a time; ``synchronize`` ends the queue."""
+
+    def __init__(self, enable_timing: bool = False, **_: Any):
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        assert sim.STATE is not None
+        sim.STATE.record("Event.record")
+        sim.STATE.queued = False
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        assert sim.STATE is not None
+        sim.STATE.queued = False
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: Event) -> float:
+        return (end.t - self.t) * 1000.0
