@@ -76,7 +76,12 @@ def install(gpus: int) -> State:
     cuda.set_device = _set_device
     cuda.current_device = lambda: state.current
     cuda.synchronize = _stub("synchronize", syncs=True)
-    cuda.Event = gpusim_placement.Event  # type: ignore[assignment,misc]
+    setattr(cuda, "Event", gpusim_placement.Event)  # noqa: B010
+    stream: Any = lambda *a, **k: gpusim_placement.Stream()  # noqa: E731
+    for module, name in ((cuda, "current_stream"), (cuda, "default_stream"), (cuda, "stream"),
+                         (torch.accelerator, "current_stream")):
+        setattr(module, name, stream)
+    setattr(cuda, "Stream", gpusim_placement.Stream)  # noqa: B010  # type: ignore[assignment,misc]
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
                  "max_memory_reserved"):
         setattr(cuda, name, _stub(name, 0))

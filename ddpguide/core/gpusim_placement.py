@@ -102,3 +102,35 @@ class Event:
 
     def elapsed_time(self, end: Event) -> float:
         return (end.t - self.t) * 1000.0
+
+
+class Stream:
+    """``torch.cuda.Stream`` on the CPU: one queue; waiting on it ends the queue."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        assert sim.STATE is not None
+        sim.STATE.record("Stream.synchronize")
+        sim.STATE.queued = False
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record()
+        return event
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass

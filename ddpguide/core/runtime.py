@@ -35,6 +35,9 @@ LAUNCHER_VARIABLES = (
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
 )
 DEVICE_TYPES = ("cpu", "cuda")
+#: the backend of a spawn that measures the CPU (its bytes, its cores) on any machine: its
+#: tensors stay on the host, which an nccl group would refuse
+CPU_BACKEND = "gloo"
 
 
 class DistEnvError(ValueError):
