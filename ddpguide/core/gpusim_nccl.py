@@ -32,7 +32,9 @@ def check_collective(name: str, group: Any, args: Any, kwargs: Any) -> None:
         if not isinstance(tensor, torch.Tensor):
             continue
         index = getattr(tensor, sim.TAG, None)
-        if index is None:
+        if index is None:  # made by torch's own C++ (DDP's buckets, autograd's gradients)
+            continue
+        if index == sim.HOST:
             raise RuntimeError(f"{sim.HOST_REFUSAL} (simulated nccl: {name} was given a host tensor)")
         claim_device(index)
     state.queued = True
@@ -89,7 +91,20 @@ def patch_dist() -> None:
     def get_backend(group: Any = None) -> str:
         return "nccl" if _group_is_nccl(group) else original_backend(group)
 
+    original_barrier = c10d.barrier
+
+    @functools.wraps(original_barrier)
+    def barrier(*args: Any, **kwargs: Any) -> Any:
+        out = original_barrier(*args, **kwargs)
+        if not kwargs.get("async_op"):
+            # nccl's barrier blocks the CPU until its all-reduce is done, and that waits for
+            # the work queued before it
+            assert sim.STATE is not None
+            sim.STATE.queued = False
+        return out
+
     for module in (dist, c10d):
+        module.barrier = barrier  # type: ignore[attr-defined]
         module.init_process_group = init  # type: ignore[attr-defined]
         module.new_group = new  # type: ignore[attr-defined]
         module.get_backend = get_backend  # type: ignore[attr-defined]
@@ -110,8 +125,8 @@ def _patch_ddp() -> None:
         group = kwargs.get("process_group")
         if _group_is_nccl(group):
             for param in module.parameters():
-                index = getattr(param, sim.TAG, None)
-                if index is None:
+                index = getattr(param, sim.TAG, sim.HOST)
+                if index == sim.HOST:
                     raise RuntimeError(f"{sim.HOST_REFUSAL} (simulated nccl: DistributedDataParallel "
                                        "was given a module with parameters on the host)")
                 claim_device(index)

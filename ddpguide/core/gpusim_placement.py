@@ -12,6 +12,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ddpguide.core import gpusim_state as sim
+from ddpguide.core.collective_devices import FACTORIES
 
 
 class Placement(TorchFunctionMode):
@@ -28,20 +29,22 @@ class Placement(TorchFunctionMode):
         if name == "__get__" and args and isinstance(args[0], torch.Tensor):
             prop = getattr(getattr(func, "__self__", None), "__name__", "")
             index = getattr(args[0], sim.TAG, None)
-            if prop in ("device", "is_cuda") and index is not None and sim.caller_outside_torch():
+            if prop in ("device", "is_cuda") and index is not None and index >= 0 and sim.caller_outside_torch():
                 return torch.device("cuda", index) if prop == "device" else True
             return func(*args, **kwargs)
         if name in sim.SYNCING:
             state.queued = False
         if name == "pin_memory":
             return args[0]
-        target, to_host = None, name == "cpu"
-        if "device" in kwargs and kwargs["device"] is not None:
+        target = sim.HOST if name == "cpu" else None
+        if kwargs.get("device") is not None:
             target = sim.cuda_index(kwargs["device"], state)
             if target is not None:
                 kwargs["device"] = "cpu"
             else:
-                to_host = True
+                target = sim.HOST
+        elif name in FACTORIES and getattr(func, "__module__", "") in ("torch", "torch._C._VariableFunctions"):
+            target = sim.HOST
         if name == "cuda":
             index = args[1] if len(args) > 1 else kwargs.get("device")
             target = sim.cuda_index(index if index is not None else "cuda", state)
@@ -52,22 +55,20 @@ class Placement(TorchFunctionMode):
                 for a in args[1:]:
                     if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool)):
                         k = sim.cuda_index(a, state)
-                        target, to_host, a = (k, False, "cpu") if k is not None else (None, True, a)
+                        target, a = (k, "cpu") if k is not None else (sim.HOST, a)
                     elif isinstance(a, torch.Tensor):
                         target = getattr(a, sim.TAG, None)
-                        to_host = target is None
                     moved.append(a)
                 args = tuple(moved)
             out = func(*args, **kwargs)
-        if target is None and not to_host:
+        if target is None:  # a result is where its inputs are (on the GPU if any input is)
             tags = [getattr(t, sim.TAG, None) for t in tree_leaves((args, kwargs))
                     if isinstance(t, torch.Tensor)]
-            target = next((k for k in tags if k is not None), None)
-        if to_host and args and getattr(args[0], sim.TAG, None) is not None:
-            out = out.clone() if out is args[0] else out  # the host copy is another tensor
-            state.queued = False
+            target = max((k for k in tags if k is not None), default=None)
+        elif target == sim.HOST and args and out is args[0] and getattr(args[0], sim.TAG, sim.HOST) >= 0:
+            out = out.clone()  # the host copy of a GPU tensor is another tensor
         if target is not None:
-            if name == "backward":  # DDP's and FSDP's collectives run inside it
+            if name == "backward" and target >= 0:  # DDP's and FSDP's collectives run inside it
                 state.queued = True
             for tensor in tree_leaves(out):
                 if isinstance(tensor, torch.Tensor):

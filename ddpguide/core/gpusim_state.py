@@ -13,7 +13,8 @@ import torch
 ENV = "DDPGUIDE_SIMULATE_GPUS"
 LOG_ENV = "DDPGUIDE_GPUSIM_LOG"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpusim_site")
-TAG = "_gpusim_device"  # the attribute a tensor "on" cuda:K carries: K
+TAG = "_gpusim_device"  # the attribute a tensor "on" cuda:K carries: K (HOST: made on the host)
+HOST = -1
 HOST_REFUSAL = "No backend type associated with device type cpu"
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.dirname(os.path.abspath(__file__))
