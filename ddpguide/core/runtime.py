@@ -26,6 +26,11 @@ from typing import Mapping
 
 import torch
 
+from ddpguide.core.threads import fair_thread_count as fair_thread_count  # the package imports them here
+from ddpguide.core.threads import limit_threads as limit_threads
+from ddpguide.core.threads import threads_per_rank as threads_per_rank
+from ddpguide.core.threads import usable_cpus as usable_cpus
+
 BACKENDS = ("gloo", "nccl")
 #: The variables torchrun gives each worker, in the order the book shows them.
 LAUNCHER_VARIABLES = (
@@ -152,53 +157,6 @@ def select_runtime(local_world_size: int = 1, backend: str | None = None, device
         raise ValueError(f"backend 'nccl' needs one GPU per rank: {local_world_size} ranks on this "
                          f"machine, {gpus} GPU(s) visible (use gloo, or fewer ranks)")
     return Runtime(backend=backend, device_type=device_type)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may use: its affinity (``taskset``, Slurm's binding), within the
-    cgroup's CPU quota (a container's ``--cpus``); ``os.cpu_count()`` counts every CPU of the host."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return max(1, cpus)
-
-
-def fair_thread_count(local_world_size: int, cpu_count: int | None = None) -> int:
-    """Threads per rank so that the ranks on one machine share the CPUs this process may use."""
-    cpu_count = cpu_count or usable_cpus()
-    return max(1, cpu_count // max(1, local_world_size))
-
-
-def threads_per_rank(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
-    """The one rule for threads per rank: ``OMP_NUM_THREADS`` where the user set it, else this
-    rank's share of :func:`usable_cpus`. torchrun sets ``OMP_NUM_THREADS=1`` for several local
-    workers when the user did not (its banner says so): a 1 under torchrun with several local
-    ranks is taken as torchrun's, not the user's. The book's programs carry the same lines."""
-    environ = os.environ if environ is None else environ
-    requested = environ.get("OMP_NUM_THREADS", "").strip()
-    torchruns = (requested == "1" and "TORCHELASTIC_RUN_ID" in environ and local_world_size > 1)
-    if requested.isdigit() and int(requested) > 0 and not torchruns:
-        return int(requested)
-    return fair_thread_count(local_world_size)
-
-
-def limit_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
-    """Set this rank's threads by :func:`threads_per_rank` and return the count.
-
-    ``mp.spawn`` leaves every child with all cores, so N ranks oversubscribe the
-    machine N times.
-    """
-    threads = threads_per_rank(local_world_size, environ)
-    torch.set_num_threads(threads)
-    return threads
 
 
 _REQUIRED = ("RANK", "WORLD_SIZE")

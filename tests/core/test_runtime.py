@@ -135,6 +135,7 @@ def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_anything_starts(monke
         torch.device("cuda", 1)
 
 
+#: the programs that carry the rule of ``ddpguide.core.threads`` themselves
 THREAD_PROGRAMS = ("ddp_torchrun.py", "ddp_spawn.py", "amp_ddp.py", "ring_allreduce.py")
 
 
