@@ -90,6 +90,7 @@ def install(gpus: int) -> State:
     cuda.is_bf16_supported = lambda *a, **k: True
     cuda.get_device_name = lambda *a: "simulated GPU"
     cuda.manual_seed = cuda.manual_seed_all = lambda seed: None
+    torch.load = _load(torch.load)
     time.perf_counter = gpusim_nccl.timer(time.perf_counter)
     gpusim_nccl.patch_dist()
     gpusim_placement.Placement(state).__enter__()  # type: ignore[no-untyped-call]
@@ -119,3 +120,25 @@ def environment(gpus: int, log: str | os.PathLike[str] | None = None,
     if log is not None:
         env[LOG_ENV] = os.fspath(log)
     return env
+
+
+def _load(original: Any) -> Any:
+    """``torch.load(..., map_location="cuda:K")``: loaded on the CPU, every tensor tagged K."""
+    import functools
+
+    from torch.utils._pytree import tree_leaves
+
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        location = kwargs.get("map_location")
+        index = sim.cuda_index(location, sim.STATE) if isinstance(location, (str, torch.device)) else None
+        if index is None:
+            return original(*args, **kwargs)
+        out = original(*args, **{**kwargs, "map_location": "cpu"})
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                setattr(tensor, sim.TAG, index)
+        return out
+    return load
+

@@ -47,3 +47,16 @@ def test_chapter_11_and_12_workers_measure_the_cpu_on_a_gpu_machine(tmp_path, gp
         "from ddpguide.context import memory\nfrom ddpguide.experts import traffic\n"
         "print(memory.sweep([8], worlds=(2,)))\nprint(traffic.count(2))\n"))
     passes(done)
+
+
+@pytest.mark.parametrize("gpus", [2])
+def test_chapter_4s_two_loopback_nodes_never_share_a_gpu(tmp_path, gpus):
+    """N4.1: both agents' workers took cuda:0: nccl's duplicate GPU at world size 2. With 2
+    GPUs each node gets its own."""
+    done = simulated(tmp_path, gpus, (
+        "from ddpguide.elastic import program\n"
+        "run = program.run_join(timeout=240)\n"
+        "print([a.returncode for a in run.agents])\n"
+        "assert [a.returncode for a in run.agents] == [0, 0], [a.output[-2000:] for a in run.agents]\n"))
+    passes(done)
+    assert "Duplicate GPU" not in done.stdout + done.stderr
