@@ -22,7 +22,7 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 LAB_ARGS ?=
 
 .PHONY: help install slurm-packages book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
-	render linkcheck test-browser test-lab lab bench gpu-check clean
+	render linkcheck test-browser test-lab lab bench gpu-check gpu-sim clean
 
 help:
 	@echo "make book        install (into $(VENV)) and build the HTML book in _build/html"
@@ -34,6 +34,7 @@ help:
 	@echo "make lab         open the chapters in JupyterLab"
 	@echo "make bench       run every benchmark suite in full, saved in book/measurements/ for the appendix"
 	@echo "make gpu-check   on a GPU machine: every chapter and benchmark with CUDA"
+	@echo "make gpu-sim     on the CPU: the workers, programs and chapters as if it had GPUs"
 	@echo "make test-lab    execute every chapter through a JupyterLab kernel"
 	@echo "make slurm-packages  apt-get install slurm-wlm munge (chapter 18), if missing"
 
@@ -142,6 +143,16 @@ bench: $(STAMP)
 
 gpu-check: $(STAMP)
 	$(PY) tools/gpu_check.py
+
+# A machine with GPUs simulated on the CPU (ddpguide/core/gpusim.py): the simulation's own
+# refusals, the package's workers and the programs at 1, 2 and 8 GPUs (tests/gpusim, part of
+# test-package too), then the chapters in GPU_SIM_CHAPTERS at 2 simulated GPUs.
+GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel.ipynb \
+	book/12_mixture_of_experts.ipynb
+gpu-sim: $(STAMP)
+	$(PY) -m pytest tests/gpusim -n $(TEST_WORKERS) --dist loadgroup -q
+	DDPGUIDE_SIMULATE_GPUS=2 PYTHONPATH=$(CURDIR)/ddpguide/core/gpusim_site:$(CURDIR) \
+	  $(PY) -m pytest --nbmake --nbmake-timeout=600 $(GPU_SIM_CHAPTERS) -n $(CHAPTER_WORKERS) -q
 
 clean:
 	rm -rf _build _executed

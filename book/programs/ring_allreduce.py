@@ -78,8 +78,27 @@ def median_ms(fn, data: torch.Tensor, repeats: int) -> float:
     return statistics.median(times)
 
 
+def threads_per_rank(local_ranks):
+    """OMP_NUM_THREADS where the user set it (torchrun sets 1 for several local workers when
+    the user did not), else this rank's share of the CPUs this process may use: its affinity
+    (taskset, Slurm), within the cgroup's quota (a container's --cpus)."""
+    requested = os.environ.get("OMP_NUM_THREADS", "").strip()
+    torchruns = requested == "1" and "TORCHELASTIC_RUN_ID" in os.environ and local_ranks > 1
+    if requested.isdigit() and int(requested) > 0 and not torchruns:
+        return int(requested)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, max(1, cpus) // max(1, local_ranks))
+
+
 def worker(rank: int, world_size: int, args):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # mp.spawn sets no limit
+    torch.set_num_threads(threads_per_rank(world_size))  # mp.spawn sets no limit
     if torch.cuda.device_count() >= world_size:
         device, backend = torch.device("cuda", rank), "nccl"
         torch.cuda.set_device(device)

@@ -31,6 +31,7 @@ from ddpguide.bench.report import Report
 from ddpguide.context.memory import SHAPE, full_attention_peak, ring_peak_worker
 from ddpguide.context.program import PROGRAM, busiest_over_mean, bytes_formula
 from ddpguide.core.ranklog import progress
+from ddpguide.core.runtime import CPU_BACKEND
 from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 
@@ -150,9 +151,9 @@ def run(quick: bool = False) -> Report:
     ring_times, full_times = [], []
     for kind, round_ in progress(steps, enabled=True, desc="context", unit="case"):
         if kind == "time":  # interleaved: a burst of load hits both sides of a round alike
-            full = spawn(time_worker, 1, seq, repeats, threads_per_rank=1, echo=False,
+            full = spawn(time_worker, 1, seq, repeats, threads_per_rank=1, backend=CPU_BACKEND, echo=False,
                          timeout=600)[0]
-            ring = max(spawn(time_worker, 2, seq, repeats, threads_per_rank=1, echo=False,
+            ring = max(spawn(time_worker, 2, seq, repeats, threads_per_rank=1, backend=CPU_BACKEND, echo=False,
                              timeout=600))
             full_times.append(full)
             ring_times.append(ring)
@@ -163,7 +164,7 @@ def run(quick: bool = False) -> Report:
         elif kind == "memory":
             full_peak = full_attention_peak(seq, causal=False)
             ring_peak = max(p[0] for p in spawn(ring_peak_worker, 2, [seq], False,
-                                                threads_per_rank=1, echo=False, timeout=600))
+                                                threads_per_rank=1, backend=CPU_BACKEND, echo=False, timeout=600))
             measured("peak activation memory, 1 process", full_peak / 2 ** 20, "MiB",
                      method="LiveBytes")
             measured("peak activation memory per rank, ring, 2 ranks", ring_peak / 2 ** 20,
@@ -172,7 +173,7 @@ def run(quick: bool = False) -> Report:
         else:
             for split in ("zigzag", "contiguous"):  # 2 ranks, each on a core of its own
                 ranks = spawn(balance_worker, BALANCE_RANKS, seq, split, 2 * repeats, threads_per_rank=1,
-                              echo=False, timeout=600)
+                              backend=CPU_BACKEND, echo=False, timeout=600)
                 for rank, found in enumerate(ranks):
                     measured(f"causal, {split}, {BALANCE_RANKS} ranks: block products of rank {rank}",
                              found["cpu_s"] * 1e3, "ms CPU")
@@ -181,7 +182,7 @@ def run(quick: bool = False) -> Report:
                 report.ratios[f"{split}_busiest_over_mean"] = busiest_over_mean([r["cpu_s"] for r in ranks])
                 report.ratios[f"{split}_step_busiest_over_mean"] = busiest_over_mean(
                     [r["step_cpu_s"] for r in ranks])
-            sent = spawn(bytes_worker, 4, seq, threads_per_rank=1, echo=False, timeout=600)[0]
+            sent = spawn(bytes_worker, 4, seq, threads_per_rank=1, backend=CPU_BACKEND, echo=False, timeout=600)[0]
             measured("bytes sent per rank, ring, 4 ranks", sent["sent"]["ring"], "B")
             measured("bytes sent per rank, Ulysses, 4 ranks", sent["sent"]["ulysses"], "B")
             report.ratios["ulysses_bytes_over_ring_bytes"] = sent["sent"]["ulysses"] / sent["sent"]["ring"]

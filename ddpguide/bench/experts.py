@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ddpguide.bench.report import MALLOC_ENV, Report
+from ddpguide.core.runtime import CPU_BACKEND
 from ddpguide.experts import traffic
 from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
@@ -71,7 +72,7 @@ def _time(case: str, tokens: int, warmup: int, steps: int, quick: bool = False) 
     """One case's step; ``quick`` (every figure comes out, none is kept) keeps glibc's own
     allocator settings, so that warm ranks may run it."""
     ranks, skew = CASES[case]
-    results = spawn(step_worker, ranks, tokens, skew, warmup, steps, threads_per_rank=1,
+    results = spawn(step_worker, ranks, tokens, skew, warmup, steps, threads_per_rank=1, backend=CPU_BACKEND,
                     env=None if quick else MALLOC_ENV, echo=False, timeout=600)
     return {"step": max(r["step"] for r in results),
             "received": [n for r in results for n in (r["received"] or [])]}

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ddpguide.context.program import PROGRAM
+from ddpguide.core.runtime import CPU_BACKEND
 from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 
@@ -98,6 +99,6 @@ def sweep(seqs: Sequence[int] = SEQS, worlds: Sequence[int] = (2, 4), causal: bo
     peaks = {1: [full_attention_peak(seq, causal) for seq in seqs]}
     for world in worlds:
         ranks = spawn(ring_peak_worker, world, list(seqs), causal, program, threads_per_rank=1,
-                      echo=False, timeout=300)
+                      echo=False, timeout=300, backend=CPU_BACKEND)
         peaks[world] = [max(per_rank) for per_rank in zip(*ranks)]
     return peaks

@@ -127,9 +127,11 @@ class Provenance(TorchFunctionMode):
                 os._exit(EXIT_STATUS)
 
 
-def _guard(mode: Provenance, modules: tuple[Any, ...], names: tuple[str, ...], prefix: str) -> None:
+def wrap_collectives(modules: tuple[Any, ...], names: tuple[str, ...], prefix: str,
+                     before: Any) -> None:
     """Wrap each collective in every module that names it (``dist`` and ``distributed_c10d``
-    alike: ``P2POp`` accepts only the ``isend`` its own module holds)."""
+    alike: ``P2POp`` accepts only the ``isend`` its own module holds): ``before(name, caller,
+    args, kwargs)`` sees each call first, ``caller`` the file that made it."""
     for name in names:
         original = getattr(modules[0], name, None)
         if original is None:
@@ -138,14 +140,20 @@ def _guard(mode: Provenance, modules: tuple[Any, ...], names: tuple[str, ...], p
         @functools.wraps(original)
         def guarded(*args: Any, __original: Any = original, __name: str = prefix + name,
                     **kwargs: Any) -> Any:
-            caller = os.path.realpath(sys._getframe(1).f_code.co_filename)
-            if caller.startswith(mode.folder):  # called by the program's code, not inside torch
-                mode.check(__name, args, kwargs)
+            before(__name, os.path.realpath(sys._getframe(1).f_code.co_filename), args, kwargs)
             return __original(*args, **kwargs)
 
         for module in modules:
             if getattr(module, name, None) is original:
                 setattr(module, name, guarded)
+
+
+def _guard(mode: Provenance, modules: tuple[Any, ...], names: tuple[str, ...], prefix: str) -> None:
+    def before(name: str, caller: str, args: Any, kwargs: Any) -> None:
+        if caller.startswith(mode.folder):  # called by the program's code, not inside torch
+            mode.check(name, args, kwargs)
+
+    wrap_collectives(modules, names, prefix, before)
 
 
 def run(program: str, argv: list[str]) -> None:

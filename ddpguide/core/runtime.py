@@ -26,6 +26,11 @@ from typing import Mapping
 
 import torch
 
+from ddpguide.core.threads import fair_thread_count as fair_thread_count  # the package imports them here
+from ddpguide.core.threads import limit_threads as limit_threads
+from ddpguide.core.threads import threads_per_rank as threads_per_rank
+from ddpguide.core.threads import usable_cpus as usable_cpus
+
 BACKENDS = ("gloo", "nccl")
 #: The variables torchrun gives each worker, in the order the book shows them.
 LAUNCHER_VARIABLES = (
@@ -35,6 +40,9 @@ LAUNCHER_VARIABLES = (
     "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
 )
 DEVICE_TYPES = ("cpu", "cuda")
+#: the backend of a spawn that measures the CPU (its bytes, its cores) on any machine: its
+#: tensors stay on the host, which an nccl group would refuse
+CPU_BACKEND = "gloo"
 
 
 class DistEnvError(ValueError):
@@ -149,27 +157,6 @@ def select_runtime(local_world_size: int = 1, backend: str | None = None, device
         raise ValueError(f"backend 'nccl' needs one GPU per rank: {local_world_size} ranks on this "
                          f"machine, {gpus} GPU(s) visible (use gloo, or fewer ranks)")
     return Runtime(backend=backend, device_type=device_type)
-
-
-def fair_thread_count(local_world_size: int, cpu_count: int | None = None) -> int:
-    """Threads per rank so that the ranks on one machine share its cores."""
-    cpu_count = cpu_count or os.cpu_count() or 1
-    return max(1, cpu_count // max(1, local_world_size))
-
-
-def limit_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
-    """Give this rank a fair share of the cores, unless OMP_NUM_THREADS says otherwise.
-
-    ``mp.spawn`` leaves every child with all cores, so N ranks oversubscribe the
-    machine N times; torchrun sets ``OMP_NUM_THREADS=1``. Returns the count set.
-    """
-    environ = os.environ if environ is None else environ
-    requested = environ.get("OMP_NUM_THREADS")
-    threads = int(requested) if requested and requested.isdigit() and int(requested) > 0 else (
-        fair_thread_count(local_world_size)
-    )
-    torch.set_num_threads(threads)
-    return threads
 
 
 _REQUIRED = ("RANK", "WORLD_SIZE")

@@ -23,6 +23,7 @@ from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all
 from ddpguide.elastic.events import EventTail
 from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 from ddpguide.launch import ranks
+from ddpguide.launch.torchrun_demo import node_devices
 
 LOOPBACK = "127.0.0.1"
 # gloo picks the interface of the machine's hostname unless told otherwise.
@@ -60,6 +61,7 @@ class LocalCluster:
     strategy: str = WorkerArgs.strategy
     port: int = field(default_factory=store_port)
     nodes: dict[str, Node] = field(default_factory=dict)
+    slots: dict[str, int] = field(default_factory=dict)  # each node's slice of the GPUs
     all_events: list[dict] = field(default_factory=list)
     store: subprocess.Popen | None = None
     group: ranks.Ranks = field(default_factory=ranks.Ranks, repr=False)
@@ -107,7 +109,9 @@ class LocalCluster:
         Python start-up.
         """
         log = self.workdir / f"node-{name}.log"
-        env = {**LOOPBACK_ENV, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO", DIE_WITH_PARENT_ENV: "1"}
+        slot = self.slots.setdefault(name, len(self.slots))  # a node that comes back keeps its GPUs
+        env = {**LOOPBACK_ENV, "PYTHONUNBUFFERED": "1", "LOGLEVEL": "INFO", DIE_WITH_PARENT_ENV: "1",
+               **node_devices(slot, nproc)}  # nccl refuses two ranks on one GPU
         command = self.node_command(name, nproc)
         if on_cue:
             command += ["--start-when", str(self.go_file(name))]

@@ -23,6 +23,7 @@ from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
 from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, run_agents
+from ddpguide.launch.torchrun_demo import node_devices
 
 PROGRAM = "elastic_train.py"
 LOG = "epochs.jsonl"
@@ -100,8 +101,10 @@ def run_join(epochs: int = 24, epoch_seconds: float = 0.4, nproc_per_node: int =
     args = ("--epochs", str(epochs), "--epoch-seconds", f"{epoch_seconds:g}", "--epoch-log", LOG)
 
     def agent(name: str, chosen: AgentSettings, start_when=None) -> Agent:
+        # each loopback node its own GPUs, or the CPU for both: nccl refuses two ranks on one GPU
+        devices = node_devices("AB".index(name), nproc_per_node)
         return Agent(name, torchrun_args=tuple(chosen.torchrun_args()), module=PROGRAM, module_args=args,
-                     env=chosen.environment(), cwd=str(workdir), start_when=start_when)
+                     env={**chosen.environment(), **devices}, cwd=str(workdir), start_when=start_when)
 
     def a_has_trained() -> bool:
         return any(r["epoch"] >= join_after_epoch for r in read_log(workdir / LOG))

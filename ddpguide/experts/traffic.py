@@ -16,6 +16,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from ddpguide.core.runtime import CPU_BACKEND
 from ddpguide.launch import programs
 
 #: The chapter's program: its layer, router and exchange are what is counted here (no copy).
@@ -109,4 +110,4 @@ def count(ranks: int, tokens: int = 64, hidden: int = 16, ffn: int = 32, experts
     if experts % ranks:
         raise ValueError(f"{experts} experts do not split evenly over {ranks} ranks")
     return spawn(count_worker, ranks, tokens, hidden, ffn, experts, program, timeout=timeout,
-                 echo=False)
+                 echo=False, backend=CPU_BACKEND)

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from ddpguide.core.runtime import DistEnv, fair_thread_count, select_runtime
+from ddpguide.core.runtime import DistEnv, select_runtime
+from ddpguide.core.runtime import threads_per_rank as rule_threads_per_rank
 from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S as DEFAULT_COLLECTIVE_TIMEOUT_S
 from ddpguide.core.timeouts import MAX_TIMEOUT_S
 from ddpguide.launch import ranks
@@ -124,7 +125,7 @@ def spawn(
     _check_arguments(fn, world_size, {"timeout": timeout, "collective_timeout": collective_timeout},
                      threads_per_rank, env, kwargs)
     runtime = select_runtime(world_size, backend, device_type)
-    threads = threads_per_rank or fair_thread_count(world_size)
+    threads = threads_per_rank or rule_threads_per_rank(world_size)
     store = dist.TCPStore(
         "127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=collective_timeout),

@@ -27,11 +27,12 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpguide.core.models import mlp
+from ddpguide.core.runtime import worker_device
 from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sbp.boxing_by_hand import collective_names
 from ddpguide.sharding.memory import measure, step_peaks
-from ddpguide.sharding.strategies import build, check_strategy
+from ddpguide.sharding.strategies import build, check_strategy, on_rank_device
 from ddpguide.sharding.zero3 import ShardedModel
 
 # Linear(6, 10), Linear(10, 5), Linear(5, 3): 10 and 5 rows do not split evenly over 3
@@ -57,8 +58,8 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 def _data(seed: int, batch: int, widths: Sequence[int], dtype: torch.dtype):
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, widths[0], generator=generator, dtype=dtype),
-            torch.randn(batch, widths[-1], generator=generator, dtype=dtype))
+    return on_rank_device(torch.randn(batch, widths[0], generator=generator, dtype=dtype),
+                          torch.randn(batch, widths[-1], generator=generator, dtype=dtype))
 
 
 def equivalence(strategies: Sequence[str] = SHARDED, steps: int = 3, lr: float = 0.05,
@@ -189,7 +190,7 @@ def program_collectives(program: str = PROGRAM, seed: int = 0) -> dict[str, dict
     """
     source = programs.load(program)
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = source.make_model().to(torch.float64)
+    model = source.make_model().to(worker_device(), torch.float64)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     widths = (linears[0].in_features, linears[-1].out_features)
     inputs, targets = _data(seed, BATCH, widths, torch.float64)

@@ -26,7 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpguide.core.models import mlp
-from ddpguide.sharding.strategies import STRATEGIES, ZERO_STAGE, Trainer, build
+from ddpguide.sharding.strategies import STRATEGIES, ZERO_STAGE, Trainer, build, on_rank_device
 
 FP32_ADAM = {"params": 4, "grads": 4, "optimizer": 8}  # bytes per parameter
 DIVIDED_BY_N = {0: (), 1: ("optimizer",), 2: ("grads", "optimizer"),
@@ -74,8 +74,7 @@ def measure(strategies: Sequence[str] = ("ddp", "zero1", "zero2_hand", "zero3_ha
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
-    inputs = torch.randn(batch, widths[0])
-    targets = torch.randn(batch, widths[-1])
+    inputs, targets = on_rank_device(torch.randn(batch, widths[0]), torch.randn(batch, widths[-1]))
     records = []
     for name in strategies:
         torch.manual_seed(seed)
@@ -108,7 +107,7 @@ def step_peaks(strategies: Sequence[str] = ("ddp", "zero1", "zero2_hand", "zero3
 
     world, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(seed)
-    inputs, targets = torch.randn(batch, widths[0]), torch.randn(batch, widths[-1])
+    inputs, targets = on_rank_device(torch.randn(batch, widths[0]), torch.randn(batch, widths[-1]))
     records = []
     for name in strategies:
         torch.manual_seed(seed)

@@ -120,7 +120,8 @@ def apply_fsdp2(model: nn.Module, reshard_after_forward: bool = True,
 
 def build(name: str, model: nn.Module, lr: float = 1e-2, *, reshard_after_forward: bool = True,
           device: torch.device | str | None = None) -> Trainer:
-    """Wrap ``model`` (already on this rank's device, or on ``meta``) for strategy ``name``.
+    """Wrap ``model`` for strategy ``name``, on ``device`` (default: this rank's, where a
+    process group runs) unless it is on ``meta``.
 
     Every rank must pass a model with the same initial values (DDP and ZeRO-1
     check it; the sharded strategies take each rank's piece of its own copy).
@@ -129,6 +130,8 @@ def build(name: str, model: nn.Module, lr: float = 1e-2, *, reshard_after_forwar
     """
     check_strategy(name)
     names = [n for n, _ in model.named_parameters()]
+    if not any(p.is_meta for p in model.parameters()) and (device is not None or dist.is_initialized()):
+        model.to(device or worker_device())  # on nccl a host model fails at its first collective
     if name == "single":
         return Trainer(name, model, torch.optim.Adam(model.parameters(), lr=lr), names=names)
     if name in ("ddp", "zero1"):
@@ -147,3 +150,11 @@ def build(name: str, model: nn.Module, lr: float = 1e-2, *, reshard_after_forwar
         return Trainer(name, model, torch.optim.Adam(model.parameters(), lr=lr), names=names)
     sharded = ShardedModel(model, free_after_use=(name == "zero3_hand"), device=device)
     return Trainer(name, model, torch.optim.Adam(sharded.parameters(), lr=lr), sharded, names)
+
+
+def on_rank_device(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` on this rank's device (:func:`worker_device`) where a process group runs."""
+    if not dist.is_initialized():
+        return tensors
+    device = worker_device()
+    return tuple(t.to(device) for t in tensors)

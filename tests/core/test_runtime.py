@@ -1,6 +1,11 @@
+import builtins
+import io
+import os
+
 import pytest
 import torch
 
+from ddpguide.core import runtime
 from ddpguide.core.runtime import (
     DistEnv,
     DistEnvError,
@@ -128,3 +133,56 @@ def test_nccl_with_fewer_gpus_than_ranks_is_refused_before_anything_starts(monke
     # gloo may share a GPU between ranks (gpu-check's "all ranks on cuda")
     assert select_runtime(4, environ={"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cuda"}).device(3) == \
         torch.device("cuda", 1)
+
+
+#: the programs that carry the rule of ``ddpguide.core.threads`` themselves
+THREAD_PROGRAMS = ("ddp_torchrun.py", "ddp_spawn.py", "amp_ddp.py", "ring_allreduce.py")
+
+
+@pytest.fixture
+def cpus(monkeypatch):
+    """Set the CPUs this process may use (its affinity, as taskset or Slurm would; a cgroup
+    quota ``quota``/``period`` CPUs, as a container's --cpus, or none)."""
+    real_open = builtins.open
+
+    def allow(count: int, quota: str | None = None) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
+
+        def cgroup_open(path, *args, **kwargs):
+            if str(path) == "/sys/fs/cgroup/cpu.max":
+                if quota is None:
+                    raise FileNotFoundError(path)
+                return io.StringIO(quota)
+            return real_open(path, *args, **kwargs)
+        monkeypatch.setattr(builtins, "open", cgroup_open)
+    return allow
+
+
+def test_the_cpus_counted_are_the_processs_not_the_hosts(cpus):
+    cpus(1)
+    assert runtime.usable_cpus() == 1
+    assert runtime.fair_thread_count(1) == 1
+    cpus(64, "max 100000")
+    assert runtime.usable_cpus() == 64
+    cpus(64, "250000 100000")  # --cpus=2.5
+    assert runtime.usable_cpus() == 3
+
+
+@pytest.mark.parametrize("environ,local,share", [
+    ({}, 4, 8), ({"OMP_NUM_THREADS": "3"}, 4, 3),
+    ({"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "x"}, 4, 8),  # torchrun's own default
+    ({"OMP_NUM_THREADS": "1", "TORCHELASTIC_RUN_ID": "x"}, 1, 1),  # torchrun sets none for 1
+    ({"OMP_NUM_THREADS": "0"}, 2, 16), ({"OMP_NUM_THREADS": "many"}, 40, 1)])
+def test_one_rule_for_threads_per_rank_in_the_package_and_every_program(cpus, monkeypatch, environ, local, share):
+    from ddpguide.launch import programs
+
+    for name in ("OMP_NUM_THREADS", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    loaded = [programs.load(program) for program in THREAD_PROGRAMS]
+    for allowed in ((32, None), (64, "3200000 100000")):  # 32 CPUs by affinity, by a quota
+        cpus(*allowed)
+        assert runtime.threads_per_rank(local) == share
+        for program, module in zip(THREAD_PROGRAMS, loaded):
+            assert module.threads_per_rank(local) == share, program

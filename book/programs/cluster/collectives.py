@@ -83,7 +83,14 @@ def hierarchical_all_reduce(x, node_group, cross_group, local_world):
     return x
 
 
-def measured(phase, repeats, local_rank, world):
+def synchronize(device):
+    """Wait for the work queued on this rank's GPU: a collective or a kernel returns once it is
+    launched, so a clock read before this would time the launches, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measured(phase, repeats, local_rank, world, device):
     """Run ``phase`` ``repeats`` times between barriers: its fastest time (the slowest
     rank's) and the payload this node sent in the last repeat."""
     best, sent = float("inf"), 0
@@ -93,7 +100,8 @@ def measured(phase, repeats, local_rank, world):
         dist.barrier()
         start = time.perf_counter()
         phase()
-        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        synchronize(device)
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.barrier()
         if local_rank == 0:
             sent = payload(before, link_counters())
@@ -130,7 +138,7 @@ def main():
                     dist.send(buf, dst=peer)
                 elif rank == peer:
                     dist.recv(buf, src=0)
-            seconds, sent = measured(send, args.repeats, local_rank, world)
+            seconds, sent = measured(send, args.repeats, local_rank, world, device)
             points.append({"bytes": size, "seconds": seconds, "node0_payload": sent})
 
     x0 = torch.arange(args.numel, dtype=torch.float32, device=device) % 97 + rank
@@ -158,9 +166,9 @@ def main():
     phases = (("barrier", nothing), ("flat", flat), ("hierarchical", hier),
               ("all_gather", gather), ("reduce_scatter", scatter))
     for name, phase in phases:
-        seconds, sent = measured(phase, args.repeats, local_rank, world)
-        per_node = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(per_node, torch.tensor([sent]))  # local rank 0's count of each node
+        seconds, sent = measured(phase, args.repeats, local_rank, world, device)
+        per_node = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(per_node, torch.tensor([sent], device=device))  # local rank 0's count of each node
         results[name] = {"seconds": seconds,
                          "payload_per_node": [int(per_node[n * local_world]) for n in range(nodes)]}
     flat()

@@ -88,18 +88,26 @@ class Layer(nn.Module):
         return Wait.apply(x, self.wait) if self.wait > 0 else x
 
 
-def timed(work):
+def synchronize(device):
+    """Wait for the work queued on this rank's GPU: a collective or a kernel returns once it is
+    launched, so a clock read before this would time the launches, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(work, device):
     """One run of ``work`` on every rank, after a barrier: the slowest rank's seconds."""
     dist.barrier()
     start = time.perf_counter()
     work()
-    took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    synchronize(device)
+    took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return took.item()
 
 
-def median_seconds(work, steps):
-    return statistics.median(timed(work) for _ in range(steps))
+def median_seconds(work, steps, device):
+    return statistics.median(timed(work, device) for _ in range(steps))
 
 
 def measure(args, bucket_mb, device, x):
@@ -133,8 +141,9 @@ def measure(args, bucket_mb, device, x):
     buckets_alone()
     result = {"bucket_mb": bucket_mb, "grad_bytes": grad_bytes, "layer_ms": args.layer_ms,
               "buckets": [b.numel() * b.element_size() for b in buckets],
-              "forward_seconds": median_seconds(forward_only, args.steps)}
-    rounds = [(timed(ddp_step), timed(compute_only), timed(buckets_alone)) for _ in range(args.steps)]
+              "forward_seconds": median_seconds(forward_only, args.steps, device)}
+    rounds = [(timed(ddp_step, device), timed(compute_only, device), timed(buckets_alone, device))
+              for _ in range(args.steps)]
     for index, name in enumerate(("step", "compute", "comm")):
         result[f"{name}_seconds"] = statistics.median(r[index] for r in rounds)
     result["exposed_seconds"] = max(0.0, statistics.median(step - compute for step, compute, _ in rounds))

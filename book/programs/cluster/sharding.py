@@ -69,6 +69,13 @@ def payload(before: dict, after: dict) -> int:
             - HEADER_BYTES * (after["tx_packets"] - before["tx_packets"]))
 
 
+def synchronize(device):
+    """Wait for the work queued on this rank's GPU: a collective or a kernel returns once it is
+    launched, so a clock read before this would time the launches, not the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main():
     p = argparse.ArgumentParser(description="FSDP2 or HSDP across nodes: bytes on the link")
     p.add_argument("--layout", choices=("fsdp", "hsdp"), default="fsdp")
@@ -108,11 +115,12 @@ def main():
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
+    synchronize(device)
     seconds = time.perf_counter() - start
     dist.barrier()
     sent = payload(before, link_counters()) if local_rank == 0 else 0
-    per_node = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(per_node, torch.tensor([sent]))
+    per_node = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(per_node, torch.tensor([sent], device=device))
     shard_bytes = sum(q.to_local().numel() * q.element_size() for q in model.parameters())
     param_bytes = shard_bytes * (world if args.layout == "fsdp" else local_world)
     if rank == 0:

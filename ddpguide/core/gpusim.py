@@ -1,0 +1,144 @@
+"""A machine with GPUs, simulated on the CPU: ``DDPGUIDE_SIMULATE_GPUS=N``.
+
+The GPU branch of a program (the device count, the choice of nccl, which tensor goes to
+which device) never runs on a machine without GPUs. With ``DDPGUIDE_SIMULATE_GPUS=N`` in
+the environment and :data:`SITE` on ``PYTHONPATH`` (its ``sitecustomize`` calls
+:func:`install`, so processes started by ``spawn`` or ``torchrun`` inherit it), a Python
+process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
+
+* ``torch.cuda.is_available()`` and ``device_count()`` follow the simulated machine, so the
+  program's own device and backend choice picks nccl and ``cuda:K``;
+* a tensor made or moved with ``device="cuda:K"``, ``.to(...)`` or ``.cuda()`` stays on the
+  CPU but is tagged with ``K`` (the program's own code sees ``t.device == cuda:K``), and
+  results take their inputs' device;
+* a process group asked for nccl runs gloo underneath, and every collective of
+  ``torch.distributed`` and of its functional collectives called from outside torch on such
+  a group refuses a host tensor as nccl does ("No backend type associated with device type
+  cpu"), a tensor of a device other than the rank's, and two ranks of one job on one GPU
+  ("Duplicate GPU detected"); ``DistributedDataParallel`` refuses a module left on the host;
+* CUDA-only calls (``synchronize``, ``Event``, memory statistics, ``set_device``) are stubs
+  that are recorded, and a ``time.perf_counter()`` read by the program while GPU work is
+  queued (a collective or a backward pass on the GPU, and no ``synchronize``, event or host
+  copy since) is reported: on a GPU that timer
+  measures the launches, not the work.
+
+What it cannot see: kernels, the streams' real concurrency, torch's own internals on a GPU
+(FSDP2's streams, DTensor on a CUDA mesh, which runs on a CPU mesh here, compiled kernels),
+and NCCL's own errors beyond the three above. Reports go to stderr, or as JSON lines to the
+file ``DDPGUIDE_GPUSIM_LOG`` names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from ddpguide.core import gpusim_nccl, gpusim_placement
+from ddpguide.core import gpusim_state as sim
+from ddpguide.core.gpusim_state import ENV, LOG_ENV, SITE, State, visible_gpus
+
+__all__ = ["ENV", "LOG_ENV", "SITE", "State", "environment", "install", "install_from_environ",
+           "visible_gpus"]
+_SELF = os.path.abspath(__file__)
+
+
+def _stub(name: str, value: Any = None, syncs: bool = False) -> Any:
+    def stub(*args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        sim.STATE.record(name)
+        if syncs:
+            sim.STATE.queued = False
+        return value(*args) if callable(value) else value
+    return stub
+
+
+def _set_device(device: Any) -> None:
+    assert sim.STATE is not None
+    sim.STATE.record("set_device")
+    index = sim.cuda_index(device, sim.STATE)
+    if index is not None:
+        sim.STATE.current = index
+
+
+def install(gpus: int) -> State:
+    """Make this process see ``gpus`` simulated GPUs (see the module's docstring)."""
+    if sim.STATE is not None:
+        return sim.STATE
+    sim.STATE = state = State(gpus)
+    cuda = torch.cuda
+    count = len(visible_gpus(gpus))
+    cuda.is_available = lambda: count > 0
+    cuda.device_count = lambda: count
+    cuda.set_device = _set_device
+    cuda.current_device = lambda: state.current
+    cuda.synchronize = _stub("synchronize", syncs=True)
+    setattr(cuda, "Event", gpusim_placement.Event)  # noqa: B010
+    stream: Any = lambda *a, **k: gpusim_placement.Stream()  # noqa: E731
+    for module, name in ((cuda, "current_stream"), (cuda, "default_stream"), (cuda, "stream"),
+                         (torch.accelerator, "current_stream")):
+        setattr(module, name, stream)
+    setattr(cuda, "Stream", gpusim_placement.Stream)  # noqa: B010  # type: ignore[assignment,misc]
+    for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                 "max_memory_reserved"):
+        setattr(cuda, name, _stub(name, 0))
+    cuda.reset_peak_memory_stats = _stub("reset_peak_memory_stats")
+    cuda.empty_cache = _stub("empty_cache")
+    cuda.is_bf16_supported = lambda *a, **k: True
+    cuda.get_device_name = lambda *a: "simulated GPU"
+    cuda.manual_seed = cuda.manual_seed_all = lambda seed: None
+    torch.load = _load(torch.load)
+    time.perf_counter = gpusim_nccl.timer(time.perf_counter)
+    gpusim_nccl.patch_dist()
+    gpusim_placement.Placement(state).__enter__()  # type: ignore[no-untyped-call]
+    return state
+
+
+def install_from_environ() -> State | None:
+    """:func:`install` when ``DDPGUIDE_SIMULATE_GPUS`` is set to a count."""
+    value = os.environ.get(ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        sys.stderr.write(f"{ENV}={value!r} is not a GPU count\n")
+        raise SystemExit(2)
+    return install(int(value))
+
+
+def environment(gpus: int, log: str | os.PathLike[str] | None = None,
+                environ: Any = None) -> dict[str, str]:
+    """``environ`` (default: this process's) with ``gpus`` simulated GPUs for every process
+    started with it: :data:`SITE` and the package first on ``PYTHONPATH``."""
+    env = dict(os.environ if environ is None else environ)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_SELF)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE, root, env.get("PYTHONPATH")) if p)
+    env[ENV] = str(gpus)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if log is not None:
+        env[LOG_ENV] = os.fspath(log)
+    return env
+
+
+def _load(original: Any) -> Any:
+    """``torch.load(..., map_location="cuda:K")``: loaded on the CPU, every tensor tagged K."""
+    import functools
+
+    from torch.utils._pytree import tree_leaves
+
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        location = kwargs.get("map_location")
+        index = sim.cuda_index(location, sim.STATE) if isinstance(location, (str, torch.device)) else None
+        if index is None:
+            return original(*args, **kwargs)
+        out = original(*args, **{**kwargs, "map_location": "cpu"})
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                setattr(tensor, sim.TAG, index)
+        return out
+    return load
+

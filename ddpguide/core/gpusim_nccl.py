@@ -1,0 +1,168 @@
+"""nccl on the simulated GPU machine (:mod:`ddpguide.core.gpusim`): gloo underneath, and on
+top the refusals of nccl (a host tensor, another device's, a GPU two ranks share), DDP's of
+a module left on the host, DTensor's CUDA mesh as a CPU one, and the timer report."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_leaves
+
+from ddpguide.core import gpusim_state as sim
+from ddpguide.core.collective_devices import COLLECTIVES, FUNCTIONAL, wrap_collectives
+
+
+def _group_is_nccl(group: Any) -> bool:
+    assert sim.STATE is not None
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    return group in sim.STATE.nccl_groups
+
+
+def check_collective(name: str, group: Any, args: Any, kwargs: Any) -> None:
+    """Refuse what nccl refuses: a host tensor, another device's, a GPU two ranks share."""
+    state = sim.STATE
+    assert state is not None
+    if not _group_is_nccl(group):
+        return
+    for leaf in tree_leaves((args, kwargs)):
+        tensor = getattr(leaf, "tensor", leaf)  # a P2POp carries its tensor
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        index = getattr(tensor, sim.TAG, None)
+        if index is None:  # made by torch's own C++ (DDP's buckets, autograd's gradients)
+            continue
+        if index == sim.HOST:
+            raise RuntimeError(f"{sim.HOST_REFUSAL} (simulated nccl: {name} was given a host tensor)")
+        claim_device(index)
+    state.queued = True
+
+
+def claim_device(index: int) -> None:
+    """This rank's device is the first one its collectives use; two ranks on one GPU refused."""
+    state = sim.STATE
+    assert state is not None
+    if state.rank_device is None:
+        physical = sim.visible_gpus(state.gpus)[index] if index < len(sim.visible_gpus(state.gpus)) else index
+        store = dist.distributed_c10d._get_default_store()
+        rank = str(dist.get_rank())
+        owner = store.compare_set(f"gpusim/gpu/{physical}", "", rank).decode()
+        if owner != rank:
+            raise RuntimeError(f"Duplicate GPU detected : rank {rank} and rank {owner} both on "
+                               f"CUDA device {physical} (simulated nccl)")
+        state.rank_device = index
+    elif index != state.rank_device:
+        raise RuntimeError(f"Tensor found on device cuda:{index} but backend constrained to "
+                           f"cuda:{state.rank_device} (simulated nccl)")
+
+
+def _before(name: str, caller: str, args: Any, kwargs: Any) -> None:
+    if sim.caller_outside_torch(3):
+        group = kwargs.get("group")
+        check_collective(name, group if isinstance(group, dist.ProcessGroup) else None, args, kwargs)
+
+
+def _nccl_as_gloo(original: Any, *, returns_group: bool) -> Any:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        backend = kwargs.get("backend", args[0] if args and isinstance(args[0], str) else None)
+        nccl = isinstance(backend, str) and "nccl" in backend
+        if nccl:
+            if "backend" in kwargs:
+                kwargs["backend"] = "gloo"
+            else:
+                args = ("gloo", *args[1:])
+        out = original(*args, **kwargs)
+        if nccl:
+            sim.STATE.nccl_groups.add(out if returns_group else dist.distributed_c10d._get_default_group())
+        return out
+    return wrapper
+
+
+def patch_dist() -> None:
+    c10d = dist.distributed_c10d
+    init = _nccl_as_gloo(c10d.init_process_group, returns_group=False)
+    new = _nccl_as_gloo(c10d.new_group, returns_group=True)
+    original_backend = c10d.get_backend
+
+    def get_backend(group: Any = None) -> str:
+        return "nccl" if _group_is_nccl(group) else original_backend(group)
+
+    original_barrier = c10d.barrier
+
+    @functools.wraps(original_barrier)
+    def barrier(*args: Any, **kwargs: Any) -> Any:
+        out = original_barrier(*args, **kwargs)
+        if not kwargs.get("async_op"):
+            # nccl's barrier blocks the CPU until its all-reduce is done, and that waits for
+            # the work queued before it
+            assert sim.STATE is not None
+            sim.STATE.queued = False
+        return out
+
+    for module in (dist, c10d):
+        module.barrier = barrier  # type: ignore[attr-defined]
+        module.init_process_group = init  # type: ignore[attr-defined]
+        module.new_group = new  # type: ignore[attr-defined]
+        module.get_backend = get_backend  # type: ignore[attr-defined]
+    wrap_collectives((dist, c10d), COLLECTIVES, "torch.distributed.", _before)
+    import torch.distributed._functional_collectives as funcol
+    wrap_collectives((funcol,), FUNCTIONAL, "functional ", _before)
+    _patch_ddp()
+    _patch_mesh()
+
+
+def _patch_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        group = kwargs.get("process_group")
+        if _group_is_nccl(group):
+            for param in module.parameters():
+                index = getattr(param, sim.TAG, sim.HOST)
+                if index == sim.HOST:
+                    raise RuntimeError(f"{sim.HOST_REFUSAL} (simulated nccl: DistributedDataParallel "
+                                       "was given a module with parameters on the host)")
+                claim_device(index)
+            kwargs.pop("device_ids", None)
+            kwargs.pop("output_device", None)
+            args = ()  # device_ids, output_device: a CPU module takes neither
+        original(self, module, *args, **kwargs)
+
+    DDP.__init__ = init  # type: ignore[method-assign]
+
+
+def _patch_mesh() -> None:
+    import torch.distributed.device_mesh as device_mesh
+
+    original = device_mesh.init_device_mesh
+
+    @functools.wraps(original)
+    def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        sim.STATE.record("init_device_mesh(cuda)" if device_type == "cuda" else "init_device_mesh")
+        return original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    device_mesh.init_device_mesh = init_device_mesh
+    dist.device_mesh.init_device_mesh = init_device_mesh
+
+
+def timer(original: Any) -> Any:
+    @functools.wraps(original)
+    def read() -> float:
+        state = sim.STATE
+        if state is not None and state.queued:
+            where = sim.caller_outside_torch()
+            if where is not None and where not in state.reported:
+                state.reported.add(where)
+                sim.report("timer", f"{where}: the clock is read while GPU work is queued (no "
+                       "torch.cuda.synchronize(), CUDA event or host copy since): on a GPU "
+                       "this times the launches, not the work")
+        return float(original())
+    return read

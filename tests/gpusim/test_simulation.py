@@ -1,0 +1,148 @@
+"""The simulated GPU machine (``ddpguide.core.gpusim``, with
+``ddpguide.core.gpusim_state``, ``ddpguide.core.gpusim_placement``, ``ddpguide.core.gpusim_nccl``
+and the ``ddpguide.core.gpusim_site.sitecustomize`` that every process started with
+:func:`gpusim.environment` runs) refuses each hazard as nccl or a GPU
+would: a host tensor, another device's tensor, two ranks on one GPU, a module left on the
+host under DDP, a timer read while GPU work is queued."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ddpguide.core import gpusim
+
+ONE_RANK = """\
+import time
+import torch
+import torch.distributed as dist
+dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+device = torch.device("cuda", 0)
+"""
+
+
+def python(tmp_path, source: str, gpus: int = 2, env: dict[str, str] | None = None,
+           argv: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    (tmp_path / "program.py").write_text(source)
+    environ = gpusim.environment(gpus, tmp_path / "gpusim.log")
+    environ.update(env or {})
+    return subprocess.run([sys.executable, *argv, "program.py"], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=240)
+
+
+def findings(tmp_path) -> list[dict]:
+    log = tmp_path / "gpusim.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.mark.parametrize("gpus,visible,seen", [(1, None, 1), (2, None, 2), (8, None, 8),
+                                               (8, "3,5", 2), (2, "", 0), (2, "1,7", 1)])
+def test_the_device_count_and_the_backend_follow_the_simulated_machine(tmp_path, gpus, visible, seen):
+    source = ("import torch\nfrom ddpguide.core.runtime import select_runtime\n"
+              "print(torch.cuda.is_available(), torch.cuda.device_count(), select_runtime(1).backend)\n")
+    done = python(tmp_path, source, gpus, env=None if visible is None else {"CUDA_VISIBLE_DEVICES": visible})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(seen > 0), str(seen), "nccl" if seen else "gloo"]
+
+
+def test_placed_tensors_report_their_device_and_results_follow_them(tmp_path):
+    done = python(tmp_path, ONE_RANK + (
+        "m = torch.nn.Linear(2, 2).to(device)\n"
+        "y = m(torch.ones(1, 2, device='cuda:0')) * 2\n"
+        "print(torch.zeros(1, device='cuda:1').device, m.weight.device, y.device, y.is_cuda,"
+        " y.cpu().device, torch.ones(1).device, dist.get_backend())\n"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cuda:1", "cuda:0", "cuda:0", "True", "cpu", "cpu", "nccl"]
+
+
+@pytest.mark.parametrize("call", ["dist.all_reduce(torch.ones(2))",
+                                  "dist.all_gather([torch.zeros(2, device=device)], torch.ones(2))",
+                                  "dist.broadcast(torch.ones(2, device=device).cpu(), 0)",
+                                  "funcol.all_reduce(torch.ones(2), 'sum', dist.group.WORLD)"])
+def test_a_host_tensor_is_refused_with_nccls_words(tmp_path, call):
+    done = python(tmp_path, ONE_RANK + "import torch.distributed._functional_collectives as funcol\n"
+                  + call + "\n")
+    assert done.returncode == 1
+    assert "RuntimeError: No backend type associated with device type cpu" in done.stderr
+
+
+def test_a_host_tensor_passes_on_gloo(tmp_path):
+    done = python(tmp_path, ONE_RANK.replace('"nccl"', '"gloo"') + "dist.all_reduce(torch.ones(2))\n")
+    assert done.returncode == 0, done.stderr
+
+
+def test_another_devices_tensor_is_refused(tmp_path):
+    done = python(tmp_path, ONE_RANK + "dist.all_reduce(torch.ones(2, device=device))\n"
+                  "dist.all_reduce(torch.ones(2, device='cuda:1'))\n")
+    assert done.returncode == 1
+    assert "Tensor found on device cuda:1 but backend constrained to cuda:0" in done.stderr
+
+
+def test_ddp_refuses_a_module_left_on_the_host(tmp_path):
+    source = ONE_RANK + "from torch.nn.parallel import DistributedDataParallel as DDP\n{}\n"
+    placed = python(tmp_path, source.format("DDP(torch.nn.Linear(2, 2).to(device), device_ids=[0])"))
+    assert placed.returncode == 0, placed.stderr
+    host = python(tmp_path, source.format("DDP(torch.nn.Linear(2, 2))"))
+    assert "No backend type associated with device type cpu" in host.stderr
+
+
+TWO_RANKS = """\
+import os
+import torch
+import torch.distributed as dist
+dist.init_process_group("nccl")
+device = torch.device("cuda", {index})
+dist.all_reduce(torch.ones(2, device=device))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("index,refused", [("int(os.environ['LOCAL_RANK'])", False), ("0", True)])
+def test_two_ranks_on_one_gpu_are_refused_under_torchrun(tmp_path, index, refused):
+    done = python(tmp_path, TWO_RANKS.format(index=index),
+                  argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
+    assert (done.returncode != 0) == refused, done.stderr
+    assert ("Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0" in done.stderr
+            or "Duplicate GPU detected : rank 0 and rank 1 both on CUDA device 0" in done.stderr) == refused
+
+
+TIMED = ONE_RANK + """\
+x = torch.ones(4, device=device)
+start = time.perf_counter()
+dist.all_reduce(x)
+{wait}
+took = time.perf_counter() - start
+"""
+
+
+@pytest.mark.parametrize("wait,reported", [("", True), ("torch.cuda.synchronize()", False),
+                                           ("x.sum().item()", False)])
+def test_a_timer_that_never_waits_for_the_gpu_is_reported(tmp_path, wait, reported):
+    done = python(tmp_path, TIMED.format(wait=wait))
+    assert done.returncode == 0, done.stderr
+    timers = [f["message"] for f in findings(tmp_path) if f["kind"] == "timer"]
+    assert bool(timers) == reported, timers
+    if reported:
+        assert timers[0].startswith(f"{tmp_path}/program.py:10: the clock is read while GPU work is queued")
+
+
+def test_cuda_only_calls_are_stubs_and_events_time(tmp_path):
+    done = python(tmp_path, ONE_RANK + (
+        "torch.cuda.set_device(1)\n"
+        "print(torch.cuda.current_device(), torch.cuda.max_memory_allocated(), torch.ones(1, device='cuda').device)\n"
+        "a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)\n"
+        "a.record(); time.sleep(0.05); b.record(); b.synchronize()\n"
+        "print(a.elapsed_time(b) >= 50)\n"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0", "cuda:1", "True"]
+
+
+def test_a_count_that_is_not_a_number_is_refused(tmp_path):
+    done = python(tmp_path, "print('ran')\n", env={gpusim.ENV: "two"})
+    assert done.returncode == 2
+    assert done.stderr == "DDPGUIDE_SIMULATE_GPUS='two' is not a GPU count\n"
+    assert done.stdout == ""
