@@ -27,7 +27,7 @@ def torchrun_argv(cluster: Cluster, node_index: int, program: list[str],
 
 
 def torchrun_on(cluster: Cluster, program: list[str], timeout: float, *,
-                cwd: str | Path | None = None, torchrun_options: tuple[str, ...] = (),
+                cwd: str | Path | list[Path] | None = None, torchrun_options: tuple[str, ...] = (),
                 capture: bool = True, **kwargs: object) -> list[Finished]:
     """Start ``program`` on every node at once; all end, or all are stopped, in ``timeout`` s
     (``kwargs`` go to :meth:`Cluster.run`)."""

@@ -30,11 +30,12 @@ class Finished:
 
 
 def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, str]] | None = None,
-            cwd: str | Path | None = None, fail_fast: bool = True, capture: bool = True,
+            cwd: str | Path | list[Path] | None = None, fail_fast: bool = True, capture: bool = True,
             echo: Callable[[str], None] | None = None,
             until: Callable[[list[int | None]], bool] | None = None) -> list[Finished]:
     """Run ``commands`` side by side; every one is done, or stopped, within ``timeout`` s.
 
+    ``cwd`` is every command's folder, or one folder per command (each node's own disk).
     With ``fail_fast``, the first non-zero exit stops the others. Output is
     captured per command (``capture``); without it, lines are echoed as they come.
     ``until`` is called with the commands' exit statuses so far (None: running) on
@@ -46,7 +47,8 @@ def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, st
                   workdir=folder) as group:
         logs = [(Path(folder, f"{k}.out"), Path(folder, f"{k}.err")) for k in range(len(commands))]
         for k, argv in enumerate(commands):
-            group.start(Command(argv, cwd=cwd, base_env=None if env is None else env[k],
+            group.start(Command(argv, cwd=cwd[k] if isinstance(cwd, list) else cwd,
+                                base_env=None if env is None else env[k],
                                 log=logs[k][0] if capture else None,
                                 errors=logs[k][1] if capture else None))
         try:
