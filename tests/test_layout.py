@@ -44,8 +44,7 @@ ALLOWED = {
 
 #: Which programs of book/programs each subpackage may load, run or copy (``launch.programs``).
 PROGRAMS_USED = {
-    "launch": {"ddp_torchrun.py"},
-    "train": {"amp_ddp.py"},
+    "train": {"amp_ddp.py", "ddp_torchrun.py"},
     "sbp": {"dtensor_regression.py"},
     "elastic": {"elastic_train.py"},
     "sharding": {"zero3_by_hand.py", "dcp_reshard.py", "tensor_parallel.py", "fsdp_tp_2d.py"},
@@ -59,7 +58,7 @@ PROGRAMS_USED = {
     "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
 }
 #: the functions of ``ddpguide.launch.programs`` that take a program's name first
-PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "edited_copy", "path_of", "show", "show_diff", "diff"}
+PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "path_of", "show", "show_diff", "diff"}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -74,7 +74,7 @@ def lose_node_by_link(cluster: Cluster, *, node: int | None = None, after_epoch:
     finally:
         cluster.set_link(cluster.nodes[lost], up=True)
         scratch.remove(folder)
-    errors = [next((line.strip() for line in (e.stdout + e.stderr).splitlines()
+    errors = [next((line.strip() for line in (e.output + e.errors).splitlines()
                     if "Timed out waiting" in line or "Connection closed by peer" in line), "")
               for e in ended]
     return {"lost": lost, "returncodes": [e.returncode for e in ended], "timeline": timeline,

@@ -120,7 +120,7 @@ def _ft_runs(cluster, args: list[str], groups: int, timeout: float = 240.0) -> d
         lighthouse.stop(grace=2.0)
         if any(e.returncode != 0 for e in ended):
             raise ProgramFailed("ft_train.py on the cluster: " + "; ".join(
-                f"exit {e.returncode}: {(e.stderr or e.stdout)[-600:]}" for e in ended))
+                f"exit {e.returncode}: {(e.errors or e.output)[-600:]}" for e in ended))
         return json.loads((folder / "report0.json").read_text())
 
 

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ddpguide.cluster import netns
-from ddpguide.cluster.processes import Finished, run_all
+from ddpguide.cluster.processes import run_all
 from ddpguide.cluster.spec import Node, Spec, names, rate_text
+from ddpguide.launch.ranks import RankEnd
 
 
 @dataclass
@@ -56,7 +57,7 @@ class Cluster:
                 node.name]
 
     def run(self, work: dict[Node, list[str]] | list[tuple[Node, list[str]]], timeout: float,
-            extra_env: dict[str, str] | None = None, **kwargs: object) -> list[Finished]:
+            extra_env: dict[str, str] | None = None, **kwargs: object) -> list[RankEnd]:
         """Run one command per (node, argv) side by side, each on its node, with ``extra_env``
         over the node's environment (see ``run_all`` for the rest)."""
         pairs = list(work.items()) if isinstance(work, dict) else list(work)

@@ -30,7 +30,7 @@ def run_program(cluster: Cluster, program: Path, args: list[str], timeout: float
         out = Path(folder, "report.json")
         ended = torchrun_on(cluster, [str(program), *args, "--report", str(out)], timeout,
                             cwd=folder)
-        failed = [f"node{k}: exit {e.returncode}: {one_line(e.stderr[-600:] or e.stdout[-600:])}"
+        failed = [f"node{k}: exit {e.returncode}: {one_line(e.errors[-600:] or e.output[-600:])}"
                   for k, e in enumerate(ended) if e.returncode != 0]
         if failed:
             raise ProgramFailed(f"{name} on the cluster: " + "; ".join(failed))
@@ -76,7 +76,7 @@ def doctor(cluster: Cluster, *, sizes: str = "64K,256K", doctor_timeout: float =
                    "--json", str(out)]
         ended = torchrun_on(cluster, program, timeout, cwd=folder, fail_fast=False)
         report = json.loads(out.read_text()) if out.exists() else None
-    lines = ended[0].stdout.splitlines()
+    lines = ended[0].output.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("ddpguide doctor:")), len(lines))
     command = ["torchrun", *torchrun_argv(cluster, 0, program[:6])[3:]]
     command[command.index("--node-rank") + 1] = "K"

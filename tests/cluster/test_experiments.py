@@ -40,7 +40,7 @@ def test_the_gpt_runs_unchanged_on_two_nodes(layout, tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
         ended = torchrun_on(cluster, [GPT, *layout, *SMALL, "--out", str(tmp_path / "out")], 600,
                             cwd=tmp_path)
-        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+        assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
         with pytest.raises(ProgramFailed, match="exit"):
             run_program(cluster, path_of("gpt/train.py"), ["--tp", "3"], 300)  # a bad layout: exit 2 on every node
     losses = json.loads((tmp_path / "out" / "losses.json").read_text())["losses"]
@@ -55,7 +55,7 @@ def test_ddp_and_fsdp2_programs_run_unchanged_on_two_nodes(tmp_path):
         ended = torchrun_on(cluster, [str(path_of("ddp_torchrun.py")), "--epochs", "1", "--checkpoint",
                                       str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "ddp.json")],
                             600, cwd=tmp_path)
-        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+        assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
     assert fsdp2["checks"] and all(check["ok"] for check in fsdp2["checks"])
     assert json.loads((tmp_path / "ddp.json").read_text())["world_size"] == 4
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ddpguide.cluster import experiments
-from ddpguide.cluster.processes import Finished
 from ddpguide.launch.programs import path_of
+from ddpguide.launch.ranks import RankEnd
 
 PROGRAMS = ["cluster/collectives.py", "cluster/sharding.py", "cluster/ddp_overlap.py",
             "cluster/dead_link.py"]
@@ -34,7 +34,7 @@ def planted(text: str | None, returncode: int = 0):
     def torchrun_on(cluster, program, timeout, **kwargs):
         if text is not None:
             Path(program[program.index("--report") + 1]).write_text(text)
-        return [Finished(program, returncode, "out", "err tail", 0.1)]
+        return [RankEnd("node0", returncode, "out", "err tail")]
     return torchrun_on
 
 
