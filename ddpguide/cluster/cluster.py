@@ -43,10 +43,7 @@ class Cluster:
         # One thread per process, as torchrun sets it for two or more local ranks: spinning
         # OpenMP threads of ranks sharing a few cores slow each other down many times over.
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.update({"GLOO_SOCKET_IFNAME": node.ifname, "NCCL_SOCKET_IFNAME": node.ifname,
-                    "DDPGUIDE_CLUSTER": self.run_id, "DDPGUIDE_NODE_RANK": str(node.index),
-                    "DDPGUIDE_NODES": str(len(self.nodes)),
-                    "DDPGUIDE_NODE0_ADDR": self.nodes[0].address})
+        env.update({"GLOO_SOCKET_IFNAME": node.ifname, "NCCL_SOCKET_IFNAME": node.ifname})
         return env
 
     def prefix(self, node: Node) -> list[str]:
