@@ -71,9 +71,10 @@ class Agent:
 
     def argv(self, log_dir: str | os.PathLike | None = None) -> list[str]:
         """The command as run: ``python -m torch.distributed.run`` is the ``torchrun`` script;
-        with ``log_dir``, ``--log-dir`` among torchrun's options (where they end the entry begins)."""
+        with ``log_dir``, ``--log-dir`` first among torchrun's options (an agent's own
+        ``--log-dir``, later, wins)."""
         logs = ["--log-dir", str(log_dir)] if log_dir is not None else []
-        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args, *logs,
+        return [sys.executable, "-m", "torch.distributed.run", *logs, *self.torchrun_args,
                 *self._entry()]
 
     def shell_command(self) -> str:

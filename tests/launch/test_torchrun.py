@@ -388,10 +388,12 @@ def test_gloo_names_a_dead_peer_and_the_error_summary_keeps_the_words():
 def test_the_agent_s_command_is_built_once_with_its_log_folder_among_torchrun_s_options():
     script = agents.Agent("a", ("--standalone", "--nproc-per-node=2"), "train.py", ("--epochs", "1"))
     module = agents.Agent("b", ("--standalone",), "ddpguide.train", ("--x",))
+    own = agents.Agent("c", ("--log-dir", "mine"), "train.py")
     launcher = [sys.executable, "-m", "torch.distributed.run"]
-    assert script.argv(log_dir="logs") == [*launcher, "--standalone", "--nproc-per-node=2",
-                                           "--log-dir", "logs", "train.py", "--epochs", "1"]
+    assert script.argv(log_dir="logs") == [*launcher, "--log-dir", "logs", "--standalone",
+                                           "--nproc-per-node=2", "train.py", "--epochs", "1"]
     assert module.argv() == [*launcher, "--standalone", "-m", "ddpguide.train", "--x"]
     parsed = get_args_parser().parse_args(script.argv(log_dir="logs")[3:])
     assert (parsed.log_dir, parsed.training_script, parsed.training_script_args) == (
         "logs", "train.py", ["--epochs", "1"])
+    assert get_args_parser().parse_args(own.argv(log_dir="logs")[3:]).log_dir == "mine"  # its own wins
