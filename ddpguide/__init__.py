@@ -10,7 +10,7 @@ chapter                         where its machinery lives
 ==============================  ======================================
 1  DDP launched with mp.spawn   ``launch.spawn``, ``train``
 2  collectives from scratch     ``collectives``, ``ddp.by_hand``
-3  torchrun                     ``launch.torchrun``, ``launch.whoami``, ``train.cli``
+3  torchrun                     ``launch.torchrun``, ``launch.whoami``, ``train.cli``, ``train.torchrun_demo``
 4  elastic training             ``elastic`` (``python -m ddpguide.elastic``)
 5  model and pipeline parallel  ``pipeline``
 6  SBP on DTensor               ``sbp``
@@ -62,7 +62,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "launch.spawn",
     ), ("bench",)),
     "03_torchrun": ("3", (
-        "core.runtime", "launch.programs", "launch.torchrun", "launch.torchrun_demo",
+        "core.runtime", "launch.programs", "launch.torchrun", "train.torchrun_demo",
     ), ("train",)),
     "04_elastic": ("4", (
         "core.checkpoint", "elastic.demo", "elastic.failover", "elastic.plot",

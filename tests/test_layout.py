@@ -34,7 +34,7 @@ ALLOWED = {
     "context": {"core", "launch"},
     "experts": {"core", "launch"},
     "gpt": {"core", "launch"},
-    "cluster": {"core", "launch", "elastic"},
+    "cluster": {"core", "launch"},
     "plan": {"core", "launch", "gpt", "cluster"},
     "failures": {"core", "launch"},
     "slurm": {"core", "launch", "cluster"},
@@ -46,8 +46,7 @@ ALLOWED = {
 
 #: Which programs of book/programs each subpackage may load, run or copy (``launch.programs``).
 PROGRAMS_USED = {
-    "launch": {"ddp_torchrun.py"},
-    "train": {"amp_ddp.py"},
+    "train": {"amp_ddp.py", "ddp_torchrun.py"},
     "sbp": {"dtensor_regression.py"},
     "elastic": {"elastic_train.py"},
     "sharding": {"zero3_by_hand.py", "dcp_reshard.py", "tensor_parallel.py", "fsdp_tp_2d.py"},
@@ -57,10 +56,12 @@ PROGRAMS_USED = {
     "plan": {"plan_cost.py", "gpt/train.py", "gpt/model.py", "gpt/parallelize.py"},
     "failures": {"ft_train.py", "elastic_train.py"},
     "slurm": {"slurm_requeue.py"},
+    "cluster": {"cluster/collectives.py", "cluster/sharding.py", "cluster/ddp_overlap.py",
+                "cluster/dead_link.py"},
     "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
 }
 #: the functions of ``ddpguide.launch.programs`` that take a program's name first
-PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "edited_copy", "path_of", "show", "show_diff", "diff"}
+PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "path_of", "show", "show_diff", "diff"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -231,14 +232,49 @@ def programs_used(path: Path, root: Path) -> list[tuple[int, str | None]]:
     return used
 
 
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the docstring constants of a module and of its classes and functions."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def paths_into_programs(path: Path) -> list[int]:
+    """The lines of ``path`` that build a path into ``book/programs`` by themselves: a string
+    (not a docstring, nor a sentence) that is ``programs`` or holds ``book/programs``, or the ``PROGRAMS``
+    folder of ``launch.programs`` divided by a name (``PROGRAMS / "x.py"``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = _docstrings(tree)
+    lines = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and (node.value.strip("/") == "programs"
+                     or ("book/programs" in node.value and not any(c.isspace() for c in node.value)))):
+            lines.add(node.lineno)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            left = node.left
+            name = left.attr if isinstance(left, ast.Attribute) else getattr(left, "id", None)
+            if name == "PROGRAMS":
+                lines.add(node.lineno)
+    return sorted(lines)
+
+
 def program_violations(root: Path, programs: Path) -> list[str]:
-    """Every unlisted arrow from the package to a program, and every program that imports
-    the package (a program imports torch and the standard library only)."""
+    """Every unlisted arrow from the package to a program, every path into the programs
+    built outside ``launch.programs`` (an arrow this rule could not see), and every program
+    that imports the package (a program imports torch and the standard library only)."""
     problems = []
     for path in sorted(root.rglob("*.py")):
         module = module_name(path, root)
         if module == f"{root.name}.launch.programs":
             continue
+        problems += [f"{module}:{line} builds a path into the programs: use launch.programs"
+                     for line in paths_into_programs(path)]
         for line, name in programs_used(path, root):
             sub = subpackage(module)
             if name is None:
@@ -280,6 +316,30 @@ def test_an_unlisted_program_and_a_program_importing_the_package_are_caught(tmp_
         "ddpguide.train.loop:5 uses program zero1.py, not listed for train in PROGRAMS_USED",
         "ddpguide.train.other:5 uses a program whose name cannot be read",
         "gpt/train.py:2 imports ddpguide",
+    ]
+
+
+def test_a_path_into_the_programs_built_outside_launch_programs_is_caught(tmp_path, healthy):
+    healthy["launch/__init__.py"] = ""
+    healthy["launch/programs.py"] = ("from pathlib import Path\n"
+                                     "PROGRAMS = Path(__file__).parents[2] / 'book' / 'programs'\n")
+    healthy["train/loop.py"] = ('"""Runs book/programs/amp_ddp.py (a docstring may say so)."""\n'
+                                "from pathlib import Path\n"
+                                "HERE = Path(__file__).resolve().parents[2] / 'book' / 'programs'\n"
+                                "def f():\n    return HERE / 'amp_ddp.py'\n")
+    healthy["train/other.py"] = ("from ddpguide.launch import programs\n"
+                                 "from ddpguide.launch.programs import PROGRAMS\n"
+                                 "A = programs.PROGRAMS / 'amp_ddp.py'\n"
+                                 "B = PROGRAMS / 'cluster'\n"
+                                 "C = 'book/programs/zero1.py'\n"
+                                 "D = 'from book/programs/zero1.py (a source named)'\n")
+    programs = tmp_path / "programs"
+    programs.mkdir()
+    assert program_violations(write_tree(tmp_path, healthy), programs) == [
+        "ddpguide.train.loop:3 builds a path into the programs: use launch.programs",
+        "ddpguide.train.other:3 builds a path into the programs: use launch.programs",
+        "ddpguide.train.other:4 builds a path into the programs: use launch.programs",
+        "ddpguide.train.other:5 builds a path into the programs: use launch.programs",
     ]
 
 

@@ -27,14 +27,14 @@ and the parts timed alone, never the run they predict.
 
 from __future__ import annotations
 
-import re
 import statistics
 
+from ddpguide.bench.cluster_elastic import lose_node_by_link
 from ddpguide.bench.report import Report
 from ddpguide.cluster import Spec, up
 from ddpguide.cluster import model as formulas
 from ddpguide.cluster.experiments import collectives, ddp_overlap, doctor, sharding
-from ddpguide.cluster.faults import dead_link, lose_node_by_link
+from ddpguide.cluster.faults import dead_link
 from ddpguide.cluster.spec import parse_rate
 
 LINK, SLOW_LINK, DOCTOR_SLOW_LINK = "50mbit", "20mbit", "50mbit"
@@ -142,8 +142,7 @@ def add_overlap(report: Report, runs: list[dict]) -> None:
 
 
 def add_dead_link(report: Report, result: dict) -> None:
-    waited = [float(m.group(1)) for line in result["errors"]
-              if (m := re.search(r"raised ([\d.]+) s", line))]
+    waited = [r["raised_after_s"] for r in result["reports"] if r["raised_after_s"] is not None]
     report.add("dead_link_error_after", max(waited) if waited else float("nan"), "s",
                errors=result["errors"], returncodes=result["returncodes"],
                process_group_timeout=DEAD_LINK_TIMEOUT)

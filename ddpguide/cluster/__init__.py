@@ -11,7 +11,10 @@ the same from a shell (see :mod:`ddpguide.cluster.__main__`). Modules:
   on node k runs with host name ``nodek``);
 * :mod:`~ddpguide.cluster.processes`: the one place processes are started;
 * :mod:`~ddpguide.cluster.experiments` and :mod:`~ddpguide.cluster.faults`: the chapter's
-  programs, the doctor, and the faults (a dead link, an elastic run that loses a node).
+  programs (read back through their ``--report``), the doctor, and a dead link.
+
+Chapter 4's elastic run that loses a node by its link stands on ``elastic`` too, so it
+is :mod:`ddpguide.bench.cluster_elastic`, above both.
 """
 
 from ddpguide.cluster.cluster import Cluster, up

@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ddpguide.cluster import netns
-from ddpguide.cluster.processes import Finished, run_all
+from ddpguide.cluster.processes import run_all
 from ddpguide.cluster.spec import Node, Spec, names, rate_text
+from ddpguide.launch.ranks import RankEnd
 
 
 @dataclass
@@ -42,10 +43,7 @@ class Cluster:
         # One thread per process, as torchrun sets it for two or more local ranks: spinning
         # OpenMP threads of ranks sharing a few cores slow each other down many times over.
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.update({"GLOO_SOCKET_IFNAME": node.ifname, "NCCL_SOCKET_IFNAME": node.ifname,
-                    "DDPGUIDE_CLUSTER": self.run_id, "DDPGUIDE_NODE_RANK": str(node.index),
-                    "DDPGUIDE_NODES": str(len(self.nodes)),
-                    "DDPGUIDE_NODE0_ADDR": self.nodes[0].address})
+        env.update({"GLOO_SOCKET_IFNAME": node.ifname, "NCCL_SOCKET_IFNAME": node.ifname})
         return env
 
     def prefix(self, node: Node) -> list[str]:
@@ -56,7 +54,7 @@ class Cluster:
                 node.name]
 
     def run(self, work: dict[Node, list[str]] | list[tuple[Node, list[str]]], timeout: float,
-            extra_env: dict[str, str] | None = None, **kwargs: object) -> list[Finished]:
+            extra_env: dict[str, str] | None = None, **kwargs: object) -> list[RankEnd]:
         """Run one command per (node, argv) side by side, each on its node, with ``extra_env``
         over the node's environment (see ``run_all`` for the rest)."""
         pairs = list(work.items()) if isinstance(work, dict) else list(work)

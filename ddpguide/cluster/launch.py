@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ddpguide.cluster.cluster import Cluster
-from ddpguide.cluster.processes import Finished
+from ddpguide.launch.ranks import RankEnd
 
 RDZV_PORT = 29500  # the port is inside the cluster's own namespaces: no other program uses it
 
@@ -27,8 +27,8 @@ def torchrun_argv(cluster: Cluster, node_index: int, program: list[str],
 
 
 def torchrun_on(cluster: Cluster, program: list[str], timeout: float, *,
-                cwd: str | Path | None = None, torchrun_options: tuple[str, ...] = (),
-                capture: bool = True, **kwargs: object) -> list[Finished]:
+                cwd: str | Path | list[Path] | None = None, torchrun_options: tuple[str, ...] = (),
+                capture: bool = True, **kwargs: object) -> list[RankEnd]:
     """Start ``program`` on every node at once; all end, or all are stopped, in ``timeout`` s
     (``kwargs`` go to :meth:`Cluster.run`)."""
     work = [(node, torchrun_argv(cluster, node.index, program, torchrun_options))

@@ -9,32 +9,20 @@ leaves the others waiting.
 
 from __future__ import annotations
 
-import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ddpguide.launch.ranks import Command, Ranks
-
-
-@dataclass
-class Finished:
-    """One command's end: its exit status (None: stopped), output, and the group's seconds."""
-
-    argv: list[str]
-    returncode: int | None
-    stdout: str
-    stderr: str
-    seconds: float
+from ddpguide.launch.ranks import Command, RankEnd, Ranks
 
 
 def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, str]] | None = None,
-            cwd: str | Path | None = None, fail_fast: bool = True, capture: bool = True,
+            cwd: str | Path | list[Path] | None = None, fail_fast: bool = True, capture: bool = True,
             echo: Callable[[str], None] | None = None,
-            until: Callable[[list[int | None]], bool] | None = None) -> list[Finished]:
+            until: Callable[[list[int | None]], bool] | None = None) -> list[RankEnd]:
     """Run ``commands`` side by side; every one is done, or stopped, within ``timeout`` s.
 
+    ``cwd`` is every command's folder, or one folder per command (each node's own disk).
     With ``fail_fast``, the first non-zero exit stops the others. Output is
     captured per command (``capture``); without it, lines are echoed as they come.
     ``until`` is called with the commands' exit statuses so far (None: running) on
@@ -46,20 +34,13 @@ def run_all(commands: list[list[str]], timeout: float, *, env: list[dict[str, st
                   workdir=folder) as group:
         logs = [(Path(folder, f"{k}.out"), Path(folder, f"{k}.err")) for k in range(len(commands))]
         for k, argv in enumerate(commands):
-            group.start(Command(argv, cwd=cwd, base_env=None if env is None else env[k],
+            group.start(Command(argv, cwd=cwd[k] if isinstance(cwd, list) else cwd,
+                                base_env=None if env is None else env[k],
                                 log=logs[k][0] if capture else None,
                                 errors=logs[k][1] if capture else None))
         try:
-            group.wait(timeout, failure_grace=0.0 if fail_fast else timeout,
+            group.wait(timeout, all_end=not fail_fast,
                        until=None if until is None else lambda: until(group.returncodes()))
         finally:
-            codes = group.returncodes()
             group.stop(grace=3.0)
-        ended = group.ended()
-        return [Finished(argv, codes[k], read(logs[k][0]), read(logs[k][1]), ended.seconds)
-                for k, argv in enumerate(commands)]
-
-
-def read(path: Path) -> str:
-    """A log's text ('' when the command wrote nothing)."""
-    return path.read_text(errors="replace") if os.path.exists(path) else ""
+        return group.ended().ranks

@@ -32,8 +32,10 @@ def mesh_device_type() -> str:
 
 
 def mesh_device(mesh: DeviceMesh | None = None) -> torch.device:
-    """The device this rank's pieces live on: its own GPU under nccl, else the CPU."""
-    return worker_device()
+    """The device this rank's pieces of ``mesh`` live on: its own GPU for a cuda mesh (and,
+    without a mesh, under nccl), else the CPU."""
+    device = worker_device()
+    return device if mesh is None or mesh.device_type == device.type else torch.device(mesh.device_type)
 
 
 def subgroup_backends(ndim: int, group: Any = None, backend: str | None = None,
@@ -45,10 +47,9 @@ def subgroup_backends(ndim: int, group: Any = None, backend: str | None = None,
     ``RuntimeWarning`` naming what is missing, when torch's private names are
     gone: the sub-groups then fall back to c10d's default timeout.
 
-    The package's only use of private torch API (torch 2.14.1):
-    ``ProcessGroup._get_backend(device)``, ``Backend.Options._timeout`` (read
-    from the world group's backend, and set on ``ProcessGroupNCCL.Options``,
-    whose constructor takes no timeout).
+    The private torch names it reads (torch 2.14.1): ``ProcessGroup._get_backend(device)``,
+    ``Backend.Options._timeout`` (read from the world group's backend, and set on
+    ``ProcessGroupNCCL.Options``, whose constructor takes no timeout).
     """
     group = dist.group.WORLD if group is None else group
     backend = backend or dist.get_backend()

@@ -37,9 +37,9 @@ def run_local(options: Options) -> int:
                 **launcher_environment(rank, options.nproc, port, addr=HOST),
                 LOCAL_LAUNCH_VARIABLE: "1"})))
         # rank 0 reported: a stopped rank is not waited for
-        outcome = group.wait(limit, until=lambda: not group.alive(0), failure_grace=limit)
+        outcome = group.wait(limit, until=lambda: not group.alive(0), all_end=True)
         if outcome == "until":
-            group.wait(AFTER_RANK_0_S, failure_grace=AFTER_RANK_0_S)
+            group.wait(AFTER_RANK_0_S, all_end=True)
         stuck = [rank for rank in range(options.nproc) if group.alive(rank)]
         rank0_running = group.alive(0)
         group.stop(grace=0.0)

@@ -150,7 +150,7 @@ class LocalCluster:
             self.poll()
             return done()
 
-        return self.group.wait(timeout_s, until=until, failure_grace=timeout_s) == "until" or until()
+        return self.group.wait(timeout_s, until=until, all_end=True) == "until" or until()
 
     # -- disturbing -------------------------------------------------------
     def join(self, name: str) -> float:

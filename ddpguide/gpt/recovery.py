@@ -65,13 +65,13 @@ def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: flo
         time.sleep(1.0)  # a first: it hosts the rendezvous store and must survive
         b = group.start(ranks.Command(agent_command(port, args), env, cwd=workdir, log=logs["b"]))
         group.wait(timeout, until=lambda: len(completed(workdir / "checkpoints")) >= kill_after
-                   or not group.alive(a), failure_grace=timeout)
+                   or not group.alive(a), all_end=True)
         if len(completed(workdir / "checkpoints")) < kill_after:
             raise RuntimeError(f"no checkpoint of step {kill_after}:\n{logs['a'].read_text()[-3000:]}")
         killed_after = completed(workdir / "checkpoints")[-1]
         group.signal(b, signal.SIGKILL, tree=True)
         group.wait(max(1.0, timeout - (time.monotonic() - started)), until=lambda: not group.alive(a),
-                   failure_grace=timeout)
+                   all_end=True)
         code = group.returncode(a)
     text = {name: path.read_text() for name, path in logs.items()}
     if code != 0:

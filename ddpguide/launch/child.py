@@ -2,8 +2,9 @@
 
 Each rank meets the others in the parent's store, joins the process group
 with a timeout, runs the function, saves its result, and leaves without
-interpreter teardown. A failing rank writes its traceback and appends its
-number to a failures file, so the parent can name the first rank that failed.
+interpreter teardown. A failing rank writes its traceback and records its failure
+with the runner (:func:`ddpguide.launch.rank_files.record_failure`, time-stamped), so
+that the runner's one first-failure rule names the rank that failed first.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import exit_now
 from ddpguide.core.runtime import Runtime
+from ddpguide.launch.rank_files import record_failure
 
 _ARRIVED = "ddpguide/arrived/"
-
-
-FAILURES_FILE = "failures"
 
 
 @dataclass(frozen=True)
@@ -38,21 +37,6 @@ class WorkerSpec:
     collective_timeout_s: float
     start_timeout_s: float
     workdir: str
-
-
-def record_failure(workdir: Path, rank: int) -> None:
-    """Append this rank to the list of failures, in the order the failures happened.
-
-    The first rank to fail is usually the cause, and the others fail because
-    it left (their collectives lose a peer). One ``write`` to a file opened with
-    ``O_APPEND`` is atomic, so the order of the lines is the order of the
-    failures; file times are too coarse to tell failures milliseconds apart.
-    """
-    fd = os.open(workdir / FAILURES_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, f"{rank}\n".encode())
-    finally:
-        os.close(fd)
 
 
 def worker_entry(rank: int, spec: WorkerSpec) -> None:
@@ -87,19 +71,6 @@ def worker_entry(rank: int, spec: WorkerSpec) -> None:
             dist.destroy_process_group()
     except BaseException:
         (workdir / f"rank{rank}.traceback").write_text(traceback.format_exc())
-        record_failure(workdir, rank)
+        record_failure(rank)  # its index in the runner's group
         exit_now(1)
     exit_now(0)
-
-
-def first_failure(workdir: Path, failed: list[int]) -> int:
-    """The rank whose error is the cause: the first to record a failure.
-
-    A rank that died without recording one (killed, crashed in C++) counts
-    only when no rank recorded anything.
-    """
-    try:
-        recorded = [int(line) for line in (workdir / FAILURES_FILE).read_text().split()]
-    except FileNotFoundError:
-        recorded = []
-    return recorded[0] if recorded else min(failed)

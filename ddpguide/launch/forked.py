@@ -149,16 +149,13 @@ def run(folder: Path, argv: Sequence[str], nproc: int, environ: Mapping[str, str
             group.start(ranks.Forked(rank_entry, (rank,), env, f"{argv[0]}-rank{number}",
                                      set_by_the_rank=set_by_the_rank))
         outcome = group.wait(timeout)
-        group.stop(grace=0.0 if outcome == "timeout" else ranks.GRACE_S)
+        group.stop(grace=0.0 if outcome is ranks.Outcome.TIMEOUT else ranks.GRACE_S)
         failed = group.first_failure
         if failed is not None and nproc:
             with open(group.errors_path, "a") as log:
                 log.write(f"forked ranks: rank {failed} exited with {group.returncode(failed)}\n")
             group.tail.poll(final=True)
-        end = group.ended(timed_out=outcome == "timeout")
+        # as torchrun: 1 for a failed group; one process without it: its own status
+        end = group.ended(timed_out=outcome is ranks.Outcome.TIMEOUT, failed_status=1 if nproc else None)
     del store
-    if nproc == 0 and not end.timed_out:
-        end.first_failure = 0 if end.returncodes[0] else None  # the process's own status
-    elif nproc and failed is not None:
-        end.returncodes[failed] = 1  # the agent's status for a failed group
     return end

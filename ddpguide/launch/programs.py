@@ -158,19 +158,6 @@ def copy_program(name: str, folder: str | os.PathLike) -> Path:
     return folder / source.name
 
 
-def edited_copy(name: str, folder: str | os.PathLike, *edits: tuple[str, str], count: int = 1) -> Path:
-    """A copy of program ``name`` in ``folder`` with each ``(old, new)`` replaced, as a reader
-    might edit it; ``old`` must occur ``count`` times, so that an edit never silently misses."""
-    path = copy_program(name, folder)
-    text = path.read_text()
-    for old, new in edits:
-        if text.count(old) != count:
-            raise ValueError(f"{name}: {old!r} occurs {text.count(old)} times, not {count}")
-        text = text.replace(old, new)
-    path.write_text(text)
-    return path
-
-
 def launch_of(name: str, launch: str | None = None) -> str:
     """``"typed"`` or ``"warm"``: how program ``name`` runs now under ``launch`` (None:
     :data:`LAUNCH`); whoever runs it typed adds it to :data:`TYPED`."""

@@ -8,12 +8,19 @@ Every process the package starts for a lesson or a check goes through :class:`Ra
 * every rank writes to a log file (by default the group's one shared output, as
   torchrun's workers share its terminal); one tail reads the logs as they grow and
   echoes whole lines only;
-* one deadline loop (:meth:`Ranks.wait`) with one first-failure rule: the first rank seen
-  to exit with a status other than 0 is the failure, and the others get ``failure_grace``
-  seconds to notice and end on their own;
+* one deadline loop (:meth:`Ranks.wait`), ending in an :class:`Outcome`, in one of two
+  modes: first failure (a rank exits with a status other than 0; the others get
+  ``failure_grace`` seconds to notice and end on their own) or, with ``all_end``, until
+  every rank has ended whatever each one's status;
+* one first-failure rule (:attr:`Ranks.first_failure`): as torch's agent picks the error
+  file with the smallest time stamp, the failed rank that recorded the earliest failure
+  (:func:`record_failure`, into the file :data:`FAILURES_VARIABLE` names), else the first
+  failed rank the loop saw;
 * one stop (:meth:`Ranks.stop`): SIGTERM to each rank, ``grace`` seconds, then SIGKILL to
   everything below it, found by process tree and by a marker variable that every process
-  of the group inherits (:data:`LAUNCH_ID_VARIABLE`; it survives re-parenting);
+  of the group inherits (:data:`LAUNCH_ID_VARIABLE`; it survives re-parenting), then a
+  reap bounded by :data:`REAP_S`, as torch bounds it (a rank stuck in the kernel cannot
+  be reaped: it is named in the errors and left, not waited for);
 * one result, :class:`Ended`.
 torch's ``torch.distributed.elastic.multiprocessing.start_processes`` (``PContext``) is the
 model: it too starts ranks, tails their logs and closes them with a signal and a timeout.
@@ -39,13 +46,19 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ddpguide.core import scratch
-from ddpguide.core.processes import alive, descendants, die_with_parent, processes_with_env, signal_all
+from ddpguide.core.processes import alive, descendants, processes_with_env, signal_all
+from ddpguide.launch.ended import Ended, Outcome, RankEnd
+from ddpguide.launch.rank_files import FAILURES_VARIABLE, Tail, recorded_failures
+
+__all__ = ["Command", "Ended", "Forked", "Outcome", "RankEnd", "Ranks", "run"]
 
 #: every process of one group carries ``DDPGUIDE_LAUNCH_ID=<id>`` in its environment
 LAUNCH_ID_VARIABLE = "DDPGUIDE_LAUNCH_ID"
 POLL_S = 0.05
 #: how long a rank may take to end after SIGTERM before it is killed (torch's agent: 30 s)
 GRACE_S = 5.0
+#: how long the group waits, in all, to reap its ranks after SIGKILL
+REAP_S = 10.0
 _START_LOCK = threading.Lock()
 
 
@@ -79,56 +92,6 @@ class Forked:
     set_by_the_rank: frozenset[str] = frozenset()
 
 
-@dataclass
-class Ended:
-    """How a group ended: each rank's status (None: still running when stopped at the
-    deadline), the group's output (and error output when kept apart), the first rank that
-    failed, and the wall time."""
-
-    returncodes: list[int | None]
-    output: str
-    timed_out: bool
-    first_failure: int | None
-    seconds: float
-    errors: str | None = None
-
-    @property
-    def returncode(self) -> int:
-        """One status for the group: the failed rank's, -9 at the deadline, else 0."""
-        if self.timed_out:
-            return -9
-        return int(self.returncodes[self.first_failure] or 1) if self.first_failure is not None else 0
-
-
-class Tail:
-    """Log files read as they grow; ``echo`` gets whole lines only (the rest on ``final``)."""
-
-    def __init__(self, echo: Callable[[str], None] | None = None):
-        self.echo = echo
-        self.paths: list[Path] = []
-        self._data: dict[Path, bytearray] = {}
-        self._shown: dict[Path, int] = {}
-
-    def add(self, path: Path) -> None:
-        if path not in self._data:
-            self.paths.append(path)
-            self._data[path], self._shown[path] = bytearray(), 0
-
-    def poll(self, final: bool = False) -> None:
-        for path in self.paths:
-            data = self._data[path]
-            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-                f.seek(len(data))
-                data += f.read()
-            end = len(data) if final else data.rfind(b"\n") + 1
-            if self.echo is not None and end > self._shown[path]:
-                self.echo(bytes(data[self._shown[path]:end]).decode(errors="replace"))
-            self._shown[path] = max(end, self._shown[path])
-
-    def text(self, path: Path) -> str:
-        return bytes(self._data.get(path, b"")).decode(errors="replace")
-
-
 class Ranks:
     """A group of ranks on this machine; closing it (``with``) stops whatever is left."""
 
@@ -142,9 +105,13 @@ class Ranks:
         self.output_path.touch()
         self.tail = Tail(echo)
         self.tail.add(self.output_path)
+        self.failures_path = self.workdir / "failures.txt"
         self.processes: list[Any] = []  # subprocess.Popen or multiprocessing.Process
         self.names: list[str] = []
-        self.first_failure: int | None = None
+        self.logs: list[tuple[Path, Path]] = []  # each rank's output and error output
+        self._seen_failure: int | None = None
+        self.unreaped: tuple[int, ...] = ()
+        self.stopped: set[int] = set()  # the ranks still running when stop() began
         self.started = time.monotonic()
 
     def start(self, rank: Command | Forked) -> int:
@@ -155,7 +122,7 @@ class Ranks:
             self.tail.add(path)
         if isinstance(rank, Command):
             env = {**(os.environ if rank.base_env is None else rank.base_env), **rank.env,
-                   LAUNCH_ID_VARIABLE: self.launch_id}
+                   **self._marks()}
             with open(log, "ab") as out, open(errors, "ab") as err:
                 process: Any = subprocess.Popen(
                     [*rank.prefix, *rank.argv], cwd=rank.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -164,16 +131,31 @@ class Ranks:
         else:
             from ddpguide.launch import warm
 
-            environ = {**rank.environ, LAUNCH_ID_VARIABLE: self.launch_id}
+            environ = {**rank.environ, **self._marks()}
             ctx = warm.context(environ, rank.set_by_the_rank)
             start = warm.WarmStart(environ, str(log), str(errors) if errors != log else None)
-            process = ctx.Process(target=forked_entry, args=(start, rank.target, rank.args),
+            process = ctx.Process(target=warm.forked_entry, args=(start, rank.target, rank.args),
                                   name=rank.name or f"rank{len(self.processes)}")
-            with _START_LOCK, _exec_time_environment(environ, ctx.get_start_method()):
+            with _START_LOCK, warm.exec_time_environment(
+                    {k: v for k, v in environ.items() if k != LAUNCH_ID_VARIABLE}, ctx.get_start_method()):
                 process.start()
         self.processes.append(process)
         self.names.append(rank.name or str(len(self.names)))
+        self.logs.append((log, errors))
         return len(self.processes) - 1
+
+    def _marks(self) -> dict[str, str]:
+        return {LAUNCH_ID_VARIABLE: self.launch_id, FAILURES_VARIABLE: str(self.failures_path)}
+
+    @property
+    def first_failure(self) -> int | None:
+        """The failed rank that recorded the earliest failure, else the first failed rank seen
+        (a rank killed, or crashed in C++, records nothing: it counts only when none did)."""
+        failed = {i for i, c in enumerate(self.returncodes()) if c not in (None, 0)}
+        if self._seen_failure is None or not failed:
+            return None
+        return next((i for i in recorded_failures(self.failures_path) if i in failed),
+                    self._seen_failure)
 
     def returncode(self, index: int) -> int | None:
         process = self.processes[index]
@@ -195,33 +177,35 @@ class Ranks:
             signal_all([pid, *(descendants(pid) if tree else [])], sig)
 
     def wait(self, timeout: float, until: Callable[[], bool] | None = None,
-             failure_grace: float = 0.0) -> str:
-        """Tail the logs until every rank has ended (``"done"``), one failed and the others
-        had ``failure_grace`` s (``"failed"``), ``until()`` holds (``"until"``) or ``timeout``
-        s have passed (``"timeout"``). Nothing is stopped here."""
+             failure_grace: float = 0.0, *, all_end: bool = False) -> Outcome:
+        """Tail the logs until every rank has ended (DONE, or FAILED if one failed), one failed
+        and the others had ``failure_grace`` s (FAILED; not with ``all_end``: then a failure
+        ends nothing), ``until()`` holds (UNTIL) or ``timeout`` s have passed (TIMEOUT).
+        Nothing is stopped here."""
         deadline = time.monotonic() + timeout
-        failed_at = None if self.first_failure is None else time.monotonic()
+        failed_at = None if self._seen_failure is None else time.monotonic()
         while True:
             self.tail.poll()
             codes = self.returncodes()  # before the failure check: no race with a late exit
-            if self.first_failure is None:
-                self.first_failure = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if self._seen_failure is None:
+                self._seen_failure = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
             now = time.monotonic()
-            if self.first_failure is not None and failed_at is None:
+            if self._seen_failure is not None and failed_at is None:
                 failed_at = now
             if all(c is not None for c in codes):
-                return "failed" if self.first_failure is not None else "done"
-            if failed_at is not None and now >= failed_at + failure_grace:
-                return "failed"
+                return Outcome.FAILED if self._seen_failure is not None else Outcome.DONE
+            if not all_end and failed_at is not None and now >= failed_at + failure_grace:
+                return Outcome.FAILED
             if until is not None and until():
-                return "until"
+                return Outcome.UNTIL
             if now >= deadline:
-                return "timeout"
+                return Outcome.TIMEOUT
             time.sleep(POLL_S)
 
     def stop(self, grace: float = GRACE_S) -> None:
         """SIGTERM every running rank, SIGKILL all that is left of the group after ``grace`` s."""
         running = [i for i in range(len(self.processes)) if self.alive(i)]
+        self.stopped.update(running)
         trees = {pid for i in running for pid in (self.pid(i), *descendants(self.pid(i)))}
         if grace > 0:
             for i in running:
@@ -238,16 +222,31 @@ class Ranks:
             signal_all(left, signal.SIGKILL)
             trees = set(left)
             time.sleep(POLL_S)
-        for process in self.processes:
-            with contextlib.suppress(Exception):
-                process.wait() if isinstance(process, subprocess.Popen) else process.join()
+        self._reap(time.monotonic() + REAP_S)
         self.tail.poll(final=True)
 
-    def ended(self, timed_out: bool = False) -> Ended:
+    def _reap(self, deadline: float) -> None:
+        """Reap every rank by ``deadline``; one that cannot be (stuck in the kernel) is named in
+        the errors and left behind, as torch's agent abandons it, so that stopping never hangs."""
+        for process in self.processes:
+            left = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(left) if isinstance(process, subprocess.Popen) else process.join(left)
+        stuck = tuple(i for i in range(len(self.processes)) if self.alive(i))
+        with open(self.errors_path, "a") as log:
+            for i in set(stuck) - set(self.unreaped):
+                log.write(f"rank {self.names[i]} (pid {self.pid(i)}) was not reaped within "
+                          f"{REAP_S:g} s of SIGKILL (stuck in the kernel?): left behind\n")
+        self.unreaped = stuck
+
+    def ended(self, timed_out: bool = False, failed_status: int | None = None) -> Ended:
         """The group's :class:`Ended` (call after :meth:`stop`)."""
         errors = self.tail.text(self.errors_path) if self.errors_path != self.output_path else None
-        return Ended(self.returncodes(), self.tail.text(self.output_path), timed_out,
-                     self.first_failure, time.monotonic() - self.started, errors)
+        codes = [None if i in self.stopped else c for i, c in enumerate(self.returncodes())]
+        each = [RankEnd(name, code, self.tail.text(log), self.tail.text(err) if err != log else "")
+                for name, code, (log, err) in zip(self.names, codes, self.logs, strict=True)]
+        return Ended(codes, self.tail.text(self.output_path), timed_out, self.first_failure,
+                     time.monotonic() - self.started, errors, self.unreaped, failed_status, each)
 
     def close(self) -> None:
         self.stop(grace=0.0)
@@ -256,6 +255,7 @@ class Ranks:
 
     def __enter__(self) -> Ranks:
         return self
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -268,32 +268,5 @@ def run(ranks: Sequence[Command | Forked], timeout: float, echo: Callable[[str],
         for rank in ranks:
             group.start(rank)
         outcome = group.wait(timeout, failure_grace=failure_grace)
-        group.stop(grace=0.0 if outcome == "timeout" else GRACE_S)
-        return group.ended(timed_out=outcome == "timeout")
-
-
-def forked_entry(start: Any, target: Callable[..., Any], args: tuple) -> None:
-    """A forked rank's first steps: its own environment and log, death with its parent."""
-    start.apply()
-    die_with_parent()
-    target(*args)
-
-
-@contextlib.contextmanager
-def _exec_time_environment(environ: Mapping[str, str], method: str):
-    """For a rank that must be a fresh interpreter (``spawn``), the variables only an
-    interpreter's start reads are this process's while it starts the rank."""
-    if method == "forkserver":
-        yield
-        return
-    from multiprocessing import resource_tracker
-
-    resource_tracker.ensure_running()  # started now, it does not carry the rank's variables
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update({k: v for k, v in environ.items() if k != LAUNCH_ID_VARIABLE})
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        group.stop(grace=0.0 if outcome is Outcome.TIMEOUT else GRACE_S)
+        return group.ended(timed_out=outcome is Outcome.TIMEOUT)

@@ -33,7 +33,7 @@ from ddpguide.core.runtime import threads_per_rank as rule_threads_per_rank
 from ddpguide.core.timeouts import DEFAULT_TIMEOUT_S as DEFAULT_COLLECTIVE_TIMEOUT_S
 from ddpguide.core.timeouts import MAX_TIMEOUT_S
 from ddpguide.launch import ranks
-from ddpguide.launch.child import WorkerSpec, first_failure, worker_entry
+from ddpguide.launch.child import WorkerSpec, worker_entry
 
 DEFAULT_TIMEOUT_S = 120.0  # the whole job's, not one collective's
 #: how long the other ranks get after one failed, to write their own traceback
@@ -148,9 +148,10 @@ def spawn(
             }, f"ddpguide-rank{rank}", log=logs[rank]))
         outcome = group.wait(timeout, failure_grace=FAILURE_GRACE_S)
         codes = group.returncodes()
-        group.stop(grace=ranks.GRACE_S if outcome == "failed" else 0.0)
-        if outcome == "failed":
-            rank = first_failure(workdir, [r for r, c in enumerate(codes) if c not in (None, 0)])
+        group.stop(grace=ranks.GRACE_S if outcome is ranks.Outcome.FAILED else 0.0)
+        failed = group.first_failure
+        if outcome is ranks.Outcome.FAILED and failed is not None:
+            rank = failed
             details = workdir / f"rank{rank}.traceback"
             text = details.read_text() if details.exists() else _tail(logs[rank])
             if getattr(fn, "__module__", None) == "__main__":
@@ -159,7 +160,7 @@ def spawn(
                     "launching script); spawned children cannot import it. Put it in a module."
                 )
             raise WorkerError(rank, group.returncode(rank), text.rstrip())
-        if outcome == "timeout":
+        if outcome is ranks.Outcome.TIMEOUT:
             running = [r for r, c in enumerate(codes) if c is None]
             tails = "\n".join(f"--- rank {r} output ---\n{_tail(logs[r], 800)}" for r in running)
             raise SpawnTimeout(

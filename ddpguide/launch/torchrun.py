@@ -13,7 +13,7 @@ for them, with the habits a book needs:
 * the environment the agents inherit is cleaned of launcher variables, so what
   a worker reports is what torchrun set, not what the caller happened to have.
 
-The chapter's demonstrations built on it live in :mod:`ddpguide.launch.torchrun_demo`.
+The chapter's demonstrations built on it live in :mod:`ddpguide.train.torchrun_demo`.
 """
 
 from __future__ import annotations
@@ -69,9 +69,13 @@ class Agent:
             return [self.module, *self.module_args]
         return ["--no-python" if self.no_python else "-m", self.module, *self.module_args]
 
-    def argv(self) -> list[str]:
-        """The command as run: ``python -m torch.distributed.run`` is the ``torchrun`` script."""
-        return [sys.executable, "-m", "torch.distributed.run", *self.torchrun_args, *self._entry()]
+    def argv(self, log_dir: str | os.PathLike | None = None) -> list[str]:
+        """The command as run: ``python -m torch.distributed.run`` is the ``torchrun`` script;
+        with ``log_dir``, ``--log-dir`` first among torchrun's options (an agent's own
+        ``--log-dir``, later, wins)."""
+        logs = ["--log-dir", str(log_dir)] if log_dir is not None else []
+        return [sys.executable, "-m", "torch.distributed.run", *logs, *self.torchrun_args,
+                *self._entry()]
 
     def shell_command(self) -> str:
         """The same command as a reader would type it."""
@@ -160,9 +164,7 @@ def run_agents(agents: Sequence[Agent], timeout: float = DEFAULT_TIMEOUT_S,
         def launch(agent: Agent) -> None:
             agent_dir = workdir / agent.name
             agent_dir.mkdir()
-            argv = agent.argv()
-            # --log-dir goes before the entry: torchrun's options end where the module begins.
-            argv[3:3] = ["--log-dir", str(agent_dir / "logs")]
+            argv = agent.argv(log_dir=agent_dir / "logs")
             # The agent's own error file: the caller's if it names one, else one in the workdir.
             extra = {**(env or {}), "TORCHELASTIC_ERROR_FILE": str(agent_dir / "root_cause.json"),
                      **agent.env}

@@ -44,7 +44,9 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from ddpguide.core.processes import die_with_parent
 
 #: set in the parent before the server starts: the pid the server must die with
 PARENT_ENV = "DDPGUIDE_WARM_PARENT"
@@ -221,10 +223,36 @@ class WarmStart:
             os.close(fd)
 
 
+def forked_entry(start: Any, target: Callable[..., Any], args: tuple) -> None:
+    """A forked rank's first steps: its own environment and log, death with its parent."""
+    start.apply()
+    die_with_parent()
+    target(*args)
+
+
+@contextlib.contextmanager
+def exec_time_environment(environ: Mapping[str, str], method: str):
+    """For a rank that must be a fresh interpreter (``spawn``), the variables only an
+    interpreter's start reads are this process's while it starts the rank (``environ``
+    without the group's marker: this process is no member of the group)."""
+    if method == "forkserver":
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()  # started now, it does not carry the rank's variables
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 if os.environ.get(PARENT_ENV) == str(os.getppid()):
     # this process is the server its parent started (nothing else inherits the variable)
-    from ddpguide.core.processes import die_with_parent
-
     die_with_parent()
     for problem in check_forkable():
         warnings.warn(f"ddpguide warm server: {problem}", RuntimeWarning, stacklevel=1)

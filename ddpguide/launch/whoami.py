@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from ddpguide.core.processes import exit_now
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
 
-#: Set by :mod:`ddpguide.launch.torchrun_demo` on each agent so workers can name their node.
+#: Set by :mod:`ddpguide.train.torchrun_demo` on each agent so workers can name their node.
 NODE_NAME_VARIABLE = "DDPGUIDE_NODE_NAME"
 RECORD_PREFIX = "WHOAMI "
 

@@ -98,7 +98,7 @@ def cluster_hardware(p: ModuleType, cluster: Any, folder: Path | None = None, se
     run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
         workdir=folder / "measure")
     ended = torchrun_on(cluster, [str(path_of("plan_cost.py")), "--sweep", str(path), *sizes], 300, cwd=folder)
-    failed = [(e.stderr.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
+    failed = [(e.errors.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
     if failed:
         raise RuntimeError("plan_cost.py --sweep on the cluster: " + " | ".join(failed))
     hw = hardware.from_file(p, path)
@@ -124,7 +124,7 @@ def run_on_cluster(cluster: Any, layout: Any, model: Any, seq: int, batch: int, 
             program = [str(path_of(TRAIN)), *options, *extra, "--cost", "--report", str(report)]
             ended = torchrun_on(cluster, program, timeout, cwd=folder)
             if any(e.returncode != 0 for e in ended) or not report.is_file():
-                tails = [f"node{k}: exit {e.returncode}: {(e.stderr.strip().splitlines() or [''])[-1]}"
+                tails = [f"node{k}: exit {e.returncode}: {(e.errors.strip().splitlines() or [''])[-1]}"
                          for k, e in enumerate(ended) if e.returncode != 0] or ["no report written"]
                 raise ReportError(f"{TRAIN} {' '.join(options)} on the cluster: " + "; ".join(tails))
             return json.loads(report.read_text())["cost"]

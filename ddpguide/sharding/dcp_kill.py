@@ -180,7 +180,7 @@ def kill_ranks_during_save(point: str, workdir: str | os.PathLike, timeout: floa
                                f"{group.ended().output}")
         for rank in killed:
             group.signal(rank, signal.SIGKILL)
-        group.wait(timeout, failure_grace=timeout)  # a surviving rank must notice and end on its own
+        group.wait(timeout, all_end=True)  # a surviving rank must notice and end on its own
         timed_out = any(group.alive(rank) for rank in (0, 1))
         group.stop(grace=0.0)
         ended = group.ended(timed_out)

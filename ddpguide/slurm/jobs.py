@@ -29,8 +29,8 @@ def submit(slurm: Slurm, options: list[str], script: Path = RECIPE, args: tuple[
     done = slurm.run(["sbatch", "--parsable", *options, str(script), *args], timeout, cwd=cwd,
                      extra_env=extra)
     if done.returncode != 0:
-        raise RuntimeError(f"sbatch refused the job: {done.stderr.strip()}")
-    return done.stdout.strip().split(";")[0]
+        raise RuntimeError(f"sbatch refused the job: {done.errors.strip()}")
+    return done.output.strip().split(";")[0]
 
 
 def parse_show_job(line: str) -> dict[str, str]:
@@ -51,7 +51,7 @@ def parse_show_job(line: str) -> dict[str, str]:
 def info(slurm: Slurm, job: str) -> dict[str, str]:
     """Job ``job``'s fields now; empty when the controller no longer knows it."""
     done = slurm.run(["scontrol", "show", "job", "-o", job], 20)
-    return parse_show_job(done.stdout) if done.returncode == 0 and done.stdout.strip() else {}
+    return parse_show_job(done.output) if done.returncode == 0 and done.output.strip() else {}
 
 
 def wait_for(slurm: Slurm, job: str, condition: Callable[[dict[str, str]], bool], timeout: float,

@@ -66,7 +66,7 @@ def preempted(slurm: Slurm, folder: Path, epochs: int = 3, step_seconds: float =
     times = {"signalled": time.time()}
     done = slurm.run(["scancel", "--batch", "--signal=USR1", job], 20)
     if done.returncode != 0:
-        raise RuntimeError(f"scancel: {done.stderr.strip()}")
+        raise RuntimeError(f"scancel: {done.errors.strip()}")
     jobs.wait_for(slurm, job, lambda f: f.get("JobState") == "RUNNING" and f.get("Restarts") == "1",
                   timeout, "running again")
     times["running_again"] = time.time()
@@ -106,4 +106,4 @@ def expand(slurm: Slurm, nodelist: str) -> list[str]:
     if not nodelist or nodelist == "(null)":
         return []
     done = slurm.run(["scontrol", "show", "hostnames", nodelist], 20)
-    return done.stdout.split()
+    return done.output.split()

@@ -25,9 +25,10 @@ from pathlib import Path
 from ddpguide.cluster import netns
 from ddpguide.cluster import up as cluster_up
 from ddpguide.cluster.cluster import Cluster, from_record
-from ddpguide.cluster.processes import Finished, run_all
+from ddpguide.cluster.processes import run_all
 from ddpguide.cluster.spec import Node, Spec
 from ddpguide.core.commands import write_atomically
+from ddpguide.launch.ranks import RankEnd
 from ddpguide.slurm import daemons
 from ddpguide.slurm.config import (
     FOLDERS,
@@ -72,7 +73,7 @@ class Slurm:
         return self.cluster.prefix(self.nodes[0]) + command
 
     def run(self, command: list[str], timeout: float, *, cwd: str | Path | None = None,
-            capture: bool = True, extra_env: dict[str, str] | None = None) -> Finished:
+            capture: bool = True, extra_env: dict[str, str] | None = None) -> RankEnd:
         """Run ``command`` (``sbatch``, ``srun``, ``squeue``, ...) on node 0, bounded in time."""
         [done] = run_all([self.argv(command)], timeout, env=[{**self.env(), **(extra_env or {})}],
                          cwd=cwd, capture=capture)

@@ -85,12 +85,12 @@ def test_normal_exit_and_error_leave_nothing():
         assert [n.rate_bits for n in cluster.nodes] == [2 * 10**8, 2 * 10**8, 5 * 10**7]
         [ping] = cluster.run([(cluster.nodes[0], [sys.executable, "-c",
                               "import socket; socket.create_connection(('198.18.0.3', 9), 2)"])], 10)
-        assert "Connection refused" in ping.stderr  # the other node answered: the link works
+        assert "Connection refused" in ping.errors  # the other node answered: the link works
         names = cluster.run([(n, [sys.executable, "-c", "import socket; print(socket.gethostname(), "
                                   "socket.gethostbyname('node2'), socket.getfqdn())"])
                              for n in cluster.nodes], 10)
         # each node its own host name, and every node's name resolves inside the cluster
-        assert [n.stdout.split() for n in names] == [
+        assert [n.output.split() for n in names] == [
             [f"node{k}", "198.18.0.3", f"node{k}"] for k in range(3)]
         assert socket.gethostname() == host_name  # the machine's own name is untouched
         assert sorted(p.name for p in netns.package_configs()[run_id]) == [

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from ddpguide.bench import cluster as suite
 from ddpguide.cluster import Spec, netns, up
-from ddpguide.cluster.experiments import PROGRAMS, ProgramFailed, run_program
+from ddpguide.cluster.experiments import ProgramFailed, run_program
 from ddpguide.cluster.launch import torchrun_argv, torchrun_on
+from ddpguide.launch.programs import path_of
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(netns.missing_prerequisite() is not None,
@@ -28,7 +28,7 @@ def test_torchrun_argv_is_the_command_a_reader_types():
         assert cluster.env(cluster.nodes[1])["GLOO_SOCKET_IFNAME"] == cluster.nodes[1].ifname
 
 
-GPT = str(PROGRAMS / "gpt" / "train.py")
+GPT = str(path_of("gpt/train.py"))
 SMALL = ["--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps", "2"]
 
 
@@ -40,9 +40,9 @@ def test_the_gpt_runs_unchanged_on_two_nodes(layout, tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
         ended = torchrun_on(cluster, [GPT, *layout, *SMALL, "--out", str(tmp_path / "out")], 600,
                             cwd=tmp_path)
-        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
+        assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
         with pytest.raises(ProgramFailed, match="exit"):
-            run_program(cluster, Path(GPT), ["--tp", "3"], 300)  # a bad layout: exit 2 on every node
+            run_program(cluster, path_of("gpt/train.py"), ["--tp", "3"], 300)  # a bad layout: exit 2 on every node
     losses = json.loads((tmp_path / "out" / "losses.json").read_text())["losses"]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
 
@@ -51,11 +51,13 @@ def test_the_gpt_runs_unchanged_on_two_nodes(layout, tmp_path):
 @pytest.mark.timeout(900)
 def test_ddp_and_fsdp2_programs_run_unchanged_on_two_nodes(tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
-        ended = torchrun_on(cluster, [str(PROGRAMS / "fsdp2.py")], 600, cwd=tmp_path)
-        assert [e.returncode for e in ended] == [0, 0], ended[0].stderr[-2000:]
-        ddp = run_program(cluster, PROGRAMS / "ddp_torchrun.py",
-                          ["--epochs", "1", "--checkpoint", str(tmp_path / "ckpt.pt")], 600)
-    assert ddp["world_size"] == 4
+        fsdp2 = run_program(cluster, path_of("fsdp2.py"), [], 600)
+        ended = torchrun_on(cluster, [str(path_of("ddp_torchrun.py")), "--epochs", "1", "--checkpoint",
+                                      str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "ddp.json")],
+                            600, cwd=tmp_path)
+        assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
+    assert fsdp2["checks"] and all(check["ok"] for check in fsdp2["checks"])
+    assert json.loads((tmp_path / "ddp.json").read_text())["world_size"] == 4
 
 
 @pytest.mark.slow
@@ -79,3 +81,5 @@ def test_a_dead_link_makes_gloo_raise_after_the_process_group_timeout():
         result = dead_link(cluster, pg_timeout=5.0)
     assert result["returncodes"][1] == 1
     assert all("Timed out waiting 5000ms for recv operation to complete" in e for e in result["errors"])
+    assert [r["rank"] for r in result["reports"]] == [0, 1]
+    assert all(5.0 <= r["raised_after_s"] and r["steps"] >= 3 for r in result["reports"])

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from ddpguide.bench.cluster_elastic import lose_node_by_link
 from ddpguide.cluster import Spec, netns, up
 from ddpguide.cluster.experiments import doctor
-from ddpguide.cluster.faults import lose_node_by_link
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(netns.missing_prerequisite() is not None,

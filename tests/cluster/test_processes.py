@@ -29,16 +29,16 @@ def test_a_failure_stops_the_others_and_a_success_is_reported(tmp_path):
     ok, bad, slow = run_all([[sys.executable, "-c", "print('hi')"],
                              [sys.executable, "-c", AFTER_SLEEPER + "sys.exit(3)"],
                              READY_SLEEPER], timeout=30, cwd=tmp_path)
-    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+    assert (ok.returncode, ok.output) == (0, "hi\n")
     assert bad.returncode == 3 and slow.returncode is None
-    assert time.monotonic() - started < 15 and not alive(int(slow.stdout.split()[0]))
+    assert time.monotonic() - started < 15 and not alive(int(slow.output.split()[0]))
 
 
 def test_the_deadline_stops_a_tree():
     nested = [sys.executable, "-c", "import subprocess, sys; "
               f"subprocess.run({SLEEPER!r})"]
     [done] = run_all([nested], timeout=1.5)
-    assert done.returncode is None and not alive(int(done.stdout.split()[0]))
+    assert done.returncode is None and not alive(int(done.output.split()[0]))
 
 
 def test_until_sees_the_statuses_and_its_true_stops_the_rest(tmp_path):
@@ -52,4 +52,4 @@ def test_until_sees_the_statuses_and_its_true_stops_the_rest(tmp_path):
                           timeout=30, cwd=tmp_path, fail_fast=False, until=first_done)
     assert (quick.returncode, slow.returncode) == (0, None)
     assert seen[-1] == [0, None]  # the sleeper still ran when until said stop
-    assert time.monotonic() - started < 15 and not alive(int(slow.stdout.split()[0]))
+    assert time.monotonic() - started < 15 and not alive(int(slow.output.split()[0]))

@@ -15,7 +15,8 @@ from ddpguide.context.program import (
     contiguous_imbalance,
     work_per_rank,
 )
-from ddpguide.launch.programs import PROGRAMS, edited_copy, load, run, torchrun
+from ddpguide.launch.programs import PROGRAMS, load, run, torchrun
+from tests.edited_programs import edited_copy
 from tests.programs.programs_support import PYTHON
 from tests.programs.programs_support import run as run_in_shell
 from tests.programs.report_support import assert_report_agrees, assert_report_into_missing_folder_refused

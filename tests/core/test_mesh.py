@@ -6,6 +6,7 @@ import datetime
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from ddpguide.core import mesh
@@ -43,3 +44,10 @@ def test_a_private_name_that_is_gone_warns_and_names_it(group, missing):
 def test_a_mesh_needs_a_process_group():
     with pytest.raises(ValueError, match="no process group: run inside ddpguide.launch.spawn"):
         mesh.device_mesh((2,))
+
+
+def test_mesh_device_is_the_mesh_s_device_type_and_without_one_the_process_s(monkeypatch):
+    monkeypatch.setattr(mesh, "worker_device", lambda: torch.device("cpu"))  # gloo's rank
+    assert mesh.mesh_device() == mesh.mesh_device(SimpleNamespace(device_type="cpu")) == torch.device("cpu")
+    # the mesh's device type, not the process's
+    assert mesh.mesh_device(SimpleNamespace(device_type="meta")) == torch.device("meta")

@@ -32,7 +32,7 @@ def test_the_figure_has_one_panel_per_case_with_kept_dropped_and_capacity():
 def test_the_routing_follows_the_program(tmp_path):
     """An edited copy with twice the capacity: the hot expert keeps 40 more choices."""
     from ddpguide.experts.traffic import PROGRAM
-    from ddpguide.launch.programs import edited_copy
+    from tests.edited_programs import edited_copy
 
     rule = "return math.ceil(capacity_factor * tokens * k / experts)"
     edited = edited_copy(PROGRAM, tmp_path, (rule, rule.replace("return ", "return 2 * ")))

@@ -110,7 +110,8 @@ def test_loading_a_program_leaves_the_default_dtype_as_it_was():
 
 
 def test_an_edited_copy_replaces_the_text_and_refuses_an_edit_that_misses(tmp_path):
-    from ddpguide.launch.programs import edited_copy, path_of
+    from ddpguide.launch.programs import path_of
+    from tests.edited_programs import edited_copy
 
     line = "def cleanup():"
     copy = edited_copy("ddp_spawn.py", tmp_path / "a", (line, "def cleanup_edited():"))

@@ -24,7 +24,7 @@ from torch.distributed.run import get_args_parser
 
 from ddpguide.core.runtime import select_runtime
 from ddpguide.launch import torchrun as agents
-from ddpguide.launch import torchrun_demo as tr
+from ddpguide.train import torchrun_demo as tr
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -383,3 +383,17 @@ def test_gloo_names_a_dead_peer_and_the_error_summary_keeps_the_words():
     assert message.startswith("RuntimeError: [") and "Connection closed by peer" in message, message
     shown = str(tr.ErrorSummary(message, "/x/utils.py", 299, "_verify_param_shape_across_processes", 0))
     assert "Connection closed by peer" in shown and "GLHF" not in shown, shown  # the first sentence
+
+
+def test_the_agent_s_command_is_built_once_with_its_log_folder_among_torchrun_s_options():
+    script = agents.Agent("a", ("--standalone", "--nproc-per-node=2"), "train.py", ("--epochs", "1"))
+    module = agents.Agent("b", ("--standalone",), "ddpguide.train", ("--x",))
+    own = agents.Agent("c", ("--log-dir", "mine"), "train.py")
+    launcher = [sys.executable, "-m", "torch.distributed.run"]
+    assert script.argv(log_dir="logs") == [*launcher, "--log-dir", "logs", "--standalone",
+                                           "--nproc-per-node=2", "train.py", "--epochs", "1"]
+    assert module.argv() == [*launcher, "--standalone", "-m", "ddpguide.train", "--x"]
+    parsed = get_args_parser().parse_args(script.argv(log_dir="logs")[3:])
+    assert (parsed.log_dir, parsed.training_script, parsed.training_script_args) == (
+        "logs", "train.py", ["--epochs", "1"])
+    assert get_args_parser().parse_args(own.argv(log_dir="logs")[3:]).log_dir == "mine"  # its own wins

@@ -20,6 +20,7 @@ from ddpguide.sbp import examples, regions
 from ddpguide.sbp import placements as sbp
 from ddpguide.sbp.placements import B, P, S, SBPError
 from ddpguide.sbp.workers import run
+from tests.edited_programs import edited_copy
 
 # The source's samples, from the program the chapter shows (book/programs/dtensor_regression.py).
 SEED_X, SEED_Y = programs.load(examples.PROGRAM).SEED_X, programs.load(examples.PROGRAM).SEED_Y
@@ -202,7 +203,7 @@ def test_the_tensor_parallel_check_follows_the_program(tmp_path):
     layer = "nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))"
     wider = "nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))"
     # twice: the plain module and the one it parallelizes
-    edited = programs.edited_copy(examples.PROGRAM, tmp_path, (layer, wider), count=2)
+    edited = edited_copy(examples.PROGRAM, tmp_path, (layer, wider), count=2)
     results = spawn(run, 2, ["tensor_parallel"], {"tensor_parallel": {"program": str(edited)}},
                     timeout=200, collective_timeout=60, echo=False)
     for r in results:

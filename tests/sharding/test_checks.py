@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddpguide.launch import programs
 from ddpguide.launch.spawn import spawn
 from ddpguide.sharding import checks
+from tests.edited_programs import edited_copy
 
 TOLERANCE = 1e-12
 _CACHE: dict[int, list[dict]] = {}
@@ -150,7 +150,7 @@ def test_the_programs_own_zero3_makes_the_collectives_the_chapter_counts():
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_the_program_count_follows_the_program(tmp_path):
-    edited = programs.edited_copy(checks.PROGRAM, tmp_path, *ZERO2_EDIT)
+    edited = edited_copy(checks.PROGRAM, tmp_path, *ZERO2_EDIT)
     counts = spawn(checks.program_collectives, 2, str(edited), timeout=240, echo=False)[0]
     assert counts["forward"] == {"_allgather_base_": 6}
     assert counts["backward"] == {"_reduce_scatter_base_": 6}  # no second all-gather

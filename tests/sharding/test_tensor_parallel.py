@@ -13,6 +13,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from ddpguide.launch import programs
 from ddpguide.sharding import tensor_parallel as tp
+from tests.edited_programs import edited_copy
 
 # The chapter's program: its modules and plans are what the checks run.
 PROGRAM = programs.load(tp.PROGRAM)
@@ -25,7 +26,7 @@ EDIT = ('{"up": ColwiseParallel(), "down": RowwiseParallel()}',
 
 
 def _edited_program() -> str:
-    return str(programs.edited_copy(tp.PROGRAM, tempfile.mkdtemp(prefix="edited-program-"), EDIT, (
+    return str(edited_copy(tp.PROGRAM, tempfile.mkdtemp(prefix="edited-program-"), EDIT, (
         "from torch.distributed.tensor.placement_types import Shard",
         "from torch.distributed.tensor.placement_types import Replicate, Shard")))
 

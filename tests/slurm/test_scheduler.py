@@ -122,9 +122,9 @@ def test_up_gives_a_working_slurm_and_leaves_nothing(nodes, tmp_path):
     with up(Spec(nodes=nodes)) as slurm:
         assert slurm.states() == {f"node{k}": "idle" for k in range(nodes)}
         done = slurm.run(["srun", f"-N{nodes}", "-l", "hostname"], 60, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, done.errors
         # each task on its own node: its host name is the node's
-        assert sorted(done.stdout.split("\n")[:-1]) == [f"{k}: node{k}" for k in range(nodes)]
+        assert sorted(done.output.split("\n")[:-1]) == [f"{k}: node{k}" for k in range(nodes)]
         pids = [slurm.slurmd_pid(n) for n in slurm.nodes]
         assert all(pids) and slurm.layout.folder.is_dir()
     assert state() == before and left_of(slurm.run_id) == []

@@ -9,10 +9,11 @@ import torch
 
 from ddpguide.launch import programs
 from ddpguide.train import amp_program
+from tests.edited_programs import edited_copy
 
 
 def _edited(tmp_path, *edits: tuple[str, str]) -> str:
-    return str(programs.edited_copy(amp_program.PROGRAM, tmp_path, *edits))
+    return str(edited_copy(amp_program.PROGRAM, tmp_path, *edits))
 
 
 def test_the_images_are_the_programs_digits():

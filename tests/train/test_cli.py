@@ -11,9 +11,9 @@ import pytest
 
 from ddpguide.core.runtime import DistEnv, Runtime
 from ddpguide.launch.torchrun import LAUNCHER_VARIABLES, agent_environment
-from ddpguide.launch.torchrun_demo import summarize_error
 from ddpguide.train import cli as train_cli
 from ddpguide.train.loop import TrainConfig, fit
+from ddpguide.train.torchrun_demo import summarize_error
 
 # @record installs a fault handler on stderr, which pytest's capture cannot provide
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")

@@ -2,7 +2,7 @@
 
 Run on each node K of 2 (ranks 0..L-1 on node 0, L..2L-1 on node 1):
   GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 2 --node-rank K \\
-      --rdzv-endpoint NODE0_ADDR:29500 collectives.py --out result.json
+      --rdzv-endpoint NODE0_ADDR:29500 collectives.py --report report.json
 
 Four measurements, each repeated and its fastest kept:
 1. a sweep of point-to-point sends from rank 0 (node 0) to rank L (node 1): the time of
@@ -110,14 +110,24 @@ def measured(phase, repeats, local_rank, world, device):
     return best, sent
 
 
+def write_report(path, report):
+    """The report, written whole: a temporary file, then renamed (a file that exists is complete)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     p = argparse.ArgumentParser(description="flat and hierarchical all-reduce across nodes")
     p.add_argument("--sizes", default="1048576,2097152,4194304,8388608",
                    help="bytes sent point to point in the sweep (comma-separated)")
     p.add_argument("--numel", type=int, default=2**21, help="float32 elements all-reduced")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", help="rank 0 writes the results here as JSON")
+    p.add_argument("--report", help="rank 0 writes the check and the results here, as JSON")
     args = p.parse_args()
+    folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and not os.path.isdir(folder):
+        p.exit(2, f"{p.prog}: error: argument --report: no folder {folder}\n")  # one line, no group
     device = rank_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -179,12 +189,12 @@ def main():
             r = results[name]
             print(f"{name}: {r['seconds'] * 1e3:.1f} ms, payload out of each node "
                   f"{r['payload_per_node']} bytes")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"world": world, "nodes": nodes, "local_world": local_world,
-                           "numel": args.numel, "element_bytes": 4, "sweep": sweep,
-                           "intra_sweep": intra_sweep,
-                           "same_sum": same, **results}, f)
+        if args.report:
+            write_report(args.report, {
+                "checks": [{"name": "hierarchical == flat", "ok": same}], "world": world,
+                "nodes": nodes, "local_world": local_world, "numel": args.numel,
+                "element_bytes": 4, "sweep": sweep, "intra_sweep": intra_sweep,
+                "same_sum": same, **results})
     dist.destroy_process_group()
 
 

@@ -2,7 +2,7 @@
 
 Run on each node K of 2 (one rank per node):
   GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 1 --node-rank K \\
-      --rdzv-endpoint NODE0_ADDR:29500 ddp_overlap.py --layer-ms 15 --out result.json
+      --rdzv-endpoint NODE0_ADDR:29500 ddp_overlap.py --layer-ms 15 --report report.json
 
 DDP puts the gradients into buckets of --bucket-mb megabytes (in reverse order of the
 parameters, roughly the order backward produces them) and starts a bucket's all-reduce
@@ -150,6 +150,13 @@ def measure(args, bucket_mb, device, x):
     return result
 
 
+def write_report(path, report):
+    """The report, written whole: a temporary file, then renamed (a file that exists is complete)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     p = argparse.ArgumentParser(description="exposed communication of DDP on a slow link")
     p.add_argument("--bucket-mb", default="0.0625,25", help="DDP's bucket_cap_mb, one run each")
@@ -158,8 +165,11 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layer-ms", type=float, default=0.0, help="added backward wait per layer")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--out", help="rank 0 writes the results here as JSON")
+    p.add_argument("--report", help="rank 0 writes the runs here, as JSON")
     args = p.parse_args()
+    folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and not os.path.isdir(folder):
+        p.exit(2, f"{p.prog}: error: argument --report: no folder {folder}\n")  # one line, no group
     device = rank_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     x = torch.randn(args.batch, args.width, device=device)
@@ -169,9 +179,8 @@ def main():
             print(f"buckets of {run['bucket_mb']} MB ({len(run['buckets'])} buckets): compute "
                   f"{run['compute_seconds']:.3f} s, all-reduce alone {run['comm_seconds']:.3f} s, "
                   f"DDP step {run['step_seconds']:.3f} s, exposed {run['exposed_seconds']:.3f} s")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(runs, f)
+        if args.report:
+            write_report(args.report, {"checks": [], "runs": runs})
     dist.destroy_process_group()
 
 

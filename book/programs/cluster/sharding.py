@@ -2,7 +2,7 @@
 
 Run on each node K of 2:
   GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 2 --node-rank K \\
-      --rdzv-endpoint NODE0_ADDR:29500 sharding.py --layout hsdp --out result.json
+      --rdzv-endpoint NODE0_ADDR:29500 sharding.py --layout hsdp --report report.json
 
 --layout fsdp shards every layer over all ranks (a 1-D mesh): each step all-gathers
 each layer's parameters in forward and again in backward, and reduce-scatters its
@@ -76,14 +76,24 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def write_report(path, report):
+    """The report, written whole: a temporary file, then renamed (a file that exists is complete)."""
+    with open(f"{path}.tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(f"{path}.tmp", path)
+
+
 def main():
     p = argparse.ArgumentParser(description="FSDP2 or HSDP across nodes: bytes on the link")
     p.add_argument("--layout", choices=("fsdp", "hsdp"), default="fsdp")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--steps", type=int, default=2, help="counted steps (after one warm-up)")
-    p.add_argument("--out", help="rank 0 writes the results here as JSON")
+    p.add_argument("--report", help="rank 0 writes the results here, as JSON")
     args = p.parse_args()
+    folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and not os.path.isdir(folder):
+        p.exit(2, f"{p.prog}: error: argument --report: no folder {folder}\n")  # one line, no group
     device = rank_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -128,9 +138,8 @@ def main():
                   "steps": args.steps, "param_bytes": param_bytes, "seconds": seconds,
                   "payload_per_node": [int(per_node[n * local_world]) for n in range(nodes)]}
         print(json.dumps(result))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(result, f)
+        if args.report:
+            write_report(args.report, {"checks": [], **result})
     dist.destroy_process_group()
 
 

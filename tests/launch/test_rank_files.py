@@ -1,0 +1,53 @@
+"""A rank's side of the runner's first-failure rule (``ddpguide.launch.rank_files``, which
+``ddpguide.launch.child`` calls): failures recorded with a time stamp, read earliest first."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpguide.launch.rank_files import FAILURES_VARIABLE, record_failure, recorded_failures
+
+
+def test_the_earliest_time_stamp_comes_first_whatever_the_order_of_the_lines(tmp_path):
+    path = tmp_path / "failures.txt"
+    path.write_text(f"{time.time() + 5:.6f} 3\n")  # a line written first, stamped later
+    record_failure(0, path)
+    record_failure(1, path)
+    assert recorded_failures(path) == [0, 1, 3]
+    assert recorded_failures(tmp_path / "none.txt") == []
+
+
+def test_a_rank_records_into_the_file_its_group_named_and_nowhere_without_one(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAILURES_VARIABLE, str(tmp_path / "group.txt"))
+    record_failure(2)
+    assert recorded_failures(tmp_path / "group.txt") == [2]
+    monkeypatch.delenv(FAILURES_VARIABLE)
+    record_failure(4)  # a program run outside a group: nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["group.txt"]
+
+
+def _record_many(path: str, rank: int) -> None:
+    for _ in range(200):
+        record_failure(rank, path)
+
+
+@pytest.mark.timeout(60)
+def test_records_from_many_processes_never_mix(tmp_path):
+    """Each record is one append: lines from ranks failing at once stay whole."""
+    # fork: the writers need no fresh interpreter (importing torch again costs seconds)
+    context = multiprocessing.get_context("fork")
+    path = tmp_path / "failures.txt"
+    writers = [context.Process(target=_record_many, args=(str(path), rank))
+               for rank in (10, 200, 3000)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(50)
+        assert writer.exitcode == 0
+    found = recorded_failures(path)
+    assert {rank: found.count(rank) for rank in set(found)} == {10: 200, 200: 200, 3000: 200}
+    assert len(Path(path).read_text().splitlines()) == 600
