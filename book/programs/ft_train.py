@@ -10,7 +10,7 @@ others go on. When it is started again it joins a quorum, finds that it is behin
 copies the model and optimizer from a live peer (the "heal") before it takes part.
 
 This program is one replica group: start it with torchrun once per group, after the
-lighthouse. torchrun restarts a group whose rank dies (--max-restarts):
+lighthouse. torchrun restarts a group whose rank dies (--max-restarts). Run:
   torchft_lighthouse --min_replicas 1 --bind [::]:29510 --join_timeout_ms 1000 \
       --heartbeat_timeout_ms 1000
   REPLICA_GROUP_ID=0 NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510 \

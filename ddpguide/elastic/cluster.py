@@ -23,7 +23,7 @@ from ddpguide.core.processes import DIE_WITH_PARENT_ENV, descendants, signal_all
 from ddpguide.elastic.events import EventTail
 from ddpguide.elastic.worker_args import STRATEGIES, WorkerArgs
 from ddpguide.launch import ranks
-from ddpguide.launch.torchrun_demo import node_devices
+from ddpguide.launch.torchrun import node_devices
 
 LOOPBACK = "127.0.0.1"
 # gloo picks the interface of the machine's hostname unless told otherwise.

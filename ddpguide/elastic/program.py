@@ -22,8 +22,7 @@ from ddpguide.core import scratch
 from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
-from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, run_agents
-from ddpguide.launch.torchrun_demo import node_devices
+from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, node_devices, run_agents
 
 PROGRAM = "elastic_train.py"
 LOG = "epochs.jsonl"

@@ -212,3 +212,22 @@ def run_torchrun(torchrun_args: Sequence[str], module: str, module_args: Sequenc
     """One torchrun agent (e.g. ``["--standalone", "--nproc-per-node=2"]``), bounded in time."""
     agent = Agent("agent", tuple(torchrun_args), module, tuple(module_args))
     return run_agents([agent], timeout=timeout, env=env)[0]
+
+
+def node_devices(node: int, nproc_per_node: int) -> dict[str, str]:
+    """Environment for simulated node ``node``: its own GPUs, or the CPU for everyone.
+
+    Two "nodes" on one machine must not share a GPU: NCCL refuses two ranks on
+    one device. With enough GPUs each node sees only its own slice
+    (``CUDA_VISIBLE_DEVICES``, as you would set on a real shared machine);
+    with fewer, the demonstration uses gloo on the CPU.
+    """
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= 2 * nproc_per_node:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
+        mine = ids[node * nproc_per_node:(node + 1) * nproc_per_node]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+    return {"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cpu"} if gpus else {}

@@ -13,7 +13,6 @@ in time, and no process left behind.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -28,6 +27,7 @@ from ddpguide.launch.torchrun import (
     DEFAULT_TIMEOUT_S,
     Agent,
     AgentRun,
+    node_devices,
     run_agents,
 )
 from ddpguide.launch.whoami import NODE_NAME_VARIABLE, read_records
@@ -66,25 +66,6 @@ def _whoami_launch(make_agents, timeout: float, attempts: int) -> NodesRun:
                 raise PortInUse(f"the rendezvous port was taken {attempts} times in a row")
             return NodesRun(read_records(out), runs, attempt)
     raise AssertionError("unreachable")
-
-
-def node_devices(node: int, nproc_per_node: int) -> dict[str, str]:
-    """Environment for simulated node ``node``: its own GPUs, or the CPU for everyone.
-
-    Two "nodes" on one machine must not share a GPU: NCCL refuses two ranks on
-    one device. With enough GPUs each node sees only its own slice
-    (``CUDA_VISIBLE_DEVICES``, as you would set on a real shared machine);
-    with fewer, the demonstration uses gloo on the CPU.
-    """
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus >= 2 * nproc_per_node:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(i) for i in range(gpus)]
-        mine = ids[node * nproc_per_node:(node + 1) * nproc_per_node]
-        return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
-    return {"DDPGUIDE_BACKEND": "gloo", "DDPGUIDE_DEVICE": "cpu"} if gpus else {}
 
 
 def two_nodes_static(nproc_per_node: int = 2, timeout: float = DEFAULT_TIMEOUT_S,
