@@ -76,8 +76,9 @@ def _nccl_as_gloo(original: Any, *, returns_group: bool) -> Any:
             else:
                 args = ("gloo", *args[1:])
         out = original(*args, **kwargs)
-        if nccl:
-            sim.STATE.nccl_groups.add(out if returns_group else dist.distributed_c10d._get_default_group())
+        group = out if returns_group else dist.distributed_c10d._get_default_group()
+        if nccl and isinstance(group, dist.ProcessGroup):  # not new_group's NON_GROUP_MEMBER
+            sim.STATE.nccl_groups.add(group)
         return out
     return wrapper
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -30,7 +31,9 @@ class State:
         self.gpus = gpus
         self.current = 0
         self.rank_device: int | None = None  # the device of this rank's first nccl collective
-        self.nccl_groups: set[Any] = set()
+        # weak: a group destroyed by the program must not live on here, or its gloo threads
+        # are torn down only at interpreter exit, where they abort the process (SIGABRT)
+        self.nccl_groups: weakref.WeakSet[Any] = weakref.WeakSet()
         self.queued = False  # GPU work launched since the last synchronisation
         self.calls: dict[str, int] = {}
         self.reported: set[str] = set()
