@@ -125,6 +125,7 @@ def test_a_loaded_program_imports_its_neighbour_afresh_and_leaves_the_path_as_it
     assert sys.path == path and "neighbour" not in sys.modules
     step = programs.load("plan_step.py")  # the chapter's two programs: the formulas come with the step
     assert step.plan_cost.__file__ == str(programs.path_of("plan_cost.py"))
+    assert hasattr(programs.load("gpt/train.py"), "main")  # it imports its four neighbours by bare name
 
 
 def test_an_edited_copy_replaces_the_text_and_refuses_an_edit_that_misses(tmp_path):
