@@ -109,7 +109,9 @@ def load(name: str | os.PathLike) -> ModuleType:
     which could shadow a library module). A program that sets torch's default
     dtype when imported (``zero1.py``, ``fsdp2.py``, ``zero3_by_hand.py`` choose
     float64) sets it for its own process only: the importer's default is
-    restored, so loading a program never changes the dtype of later code.
+    restored, so loading a program never changes the dtype of later code. A program that imports
+    a neighbour (``import plan_cost``, as run from its folder) gets that neighbour afresh too; the
+    folder is on ``sys.path`` and the neighbours in ``sys.modules`` only while it is imported.
     """
     path = Path(name) if isinstance(name, os.PathLike) or os.path.isabs(name) else path_of(name)
     spec = importlib.util.spec_from_file_location(f"program_{path.stem}", path)
@@ -119,9 +121,16 @@ def load(name: str | os.PathLike) -> ModuleType:
 
     module = importlib.util.module_from_spec(spec)
     default_dtype = torch.get_default_dtype()
+    neighbours = {part.stem for part in path.parent.glob("*.py")}
+    saved = {name: sys.modules.pop(name) for name in neighbours if name in sys.modules}
+    sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     finally:
+        sys.path.remove(str(path.parent))
+        for name in neighbours:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
         torch.set_default_dtype(default_dtype)
     return module
 

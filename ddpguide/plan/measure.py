@@ -1,7 +1,7 @@
 """What the planner's checks measure: the emulated cluster's hardware (microbenchmarks only)
 and the capstone's ``train.py`` on a layout (its own counting of memory, its step).
 
-:func:`cluster_hardware` runs ``plan_cost.py --measure`` on the host and ``plan_cost.py
+:func:`cluster_hardware` runs ``plan_step.py --measure`` on the host and ``plan_step.py
 --sweep`` across chapter 15's emulated nodes (this machine alone: :func:`hardware.measured`).
 :func:`run_layout` runs ``gpt/train.py --cost`` on a layout (its options:
 :func:`render.options`) and returns its ``cost`` record (:func:`run_on_cluster`: the same
@@ -20,9 +20,9 @@ from typing import Any, Callable
 from ddpguide.core import scratch
 from ddpguide.gpt import cost as gpt_cost
 from ddpguide.gpt.layouts import PROGRAM as TRAIN
-from ddpguide.launch.programs import path_of, run
+from ddpguide.launch.programs import path_of
 from ddpguide.launch.report import ReportError
-from ddpguide.plan import hardware, render
+from ddpguide.plan import hardware, render, search
 
 MEMORY = ("parameters", "gradients", "optimizer", "activations")
 
@@ -95,12 +95,13 @@ def cluster_hardware(p: ModuleType, cluster: Any, folder: Path | None = None, se
     ranks = cluster.spec.nodes * cluster.spec.ranks_per_node
     timing = ["--seconds", f"{seconds:g}"] if seconds is not None else []
     sizes = ["--repeats", str(repeats)] if repeats is not None else []
-    run("plan_cost.py", "--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
-        workdir=folder / "measure")
-    ended = torchrun_on(cluster, [str(path_of("plan_cost.py")), "--sweep", str(path), *sizes], 300, cwd=folder)
+    search.run_step("--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
+                    workdir=folder / "measure")
+    # the book's own file: its folder, with plan_cost.py, is the script's first import path
+    ended = torchrun_on(cluster, [str(path_of(search.STEP)), "--sweep", str(path), *sizes], 300, cwd=folder)
     failed = [(e.errors.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
     if failed:
-        raise RuntimeError("plan_cost.py --sweep on the cluster: " + " | ".join(failed))
+        raise RuntimeError("plan_step.py --sweep on the cluster: " + " | ".join(failed))
     hw = hardware.from_file(p, path)
     hw.name = f"cluster {cluster.spec.nodes} x {cluster.spec.ranks_per_node}, {cluster.spec.link}"
     hw.nics, hw.overlap = 1, True  # one link a node, shared by its ranks; DDP's all-reduce waits on it

@@ -1,7 +1,7 @@
 """Whether the time check can fail: each term of the cost model made twice what it is, and
 the layouts it then moves out of the band.
 
-:func:`step` is ``plan_cost.step``'s total with one term doubled: ``compute`` and ``bubble``
+:func:`step` is ``plan_step.step``'s total with one term doubled: ``compute`` and ``bubble``
 (parts of the step the simulation reports: doubling one adds it again), each collective kind
 (every call of that kind takes twice its time, through the whole simulation, hidden or not),
 and ``overlap`` (what the model hides behind compute, DDP's all-reduce and FSDP's streams,
@@ -32,15 +32,16 @@ def step(p: ModuleType, term: str, model: Any, layout: Any, policy: Any, hw: Any
         return p.step(model, layout, policy, hidden, batch, seq)["total"]
     if term not in COLLECTIVES:
         raise ValueError(f"no term {term!r}: one of {', '.join(TERMS)}")
-    original = p.collective
+    formulas = getattr(p, "formulas", p)  # plan_cost, whose collective both programs call
+    original = formulas.collective
 
     def doubled(hw: Any, lay: Any, kind: str, *args: Any, **kwargs: Any) -> float:
         return original(hw, lay, kind, *args, **kwargs) * (2.0 if kind == term else 1.0)
-    vars(p)["collective"] = doubled  # the program's step calls it by its global name
+    vars(formulas)["collective"] = doubled  # called by its global name, or as plan_cost.collective
     try:
         return p.step(model, layout, policy, hw, batch, seq)["total"]
     finally:
-        vars(p)["collective"] = original
+        vars(formulas)["collective"] = original
 
 
 def check(p: ModuleType, rows: list[dict[str, Any]], model: Any, policy: Any, hw: Any, batch: int,

@@ -1,4 +1,4 @@
-"""Every layout of a model on N GPUs, predicted by ``plan_cost.py`` and ranked.
+"""Every layout of a model on N GPUs, predicted by ``plan_cost.py`` and ``plan_step.py`` and ranked.
 
 :func:`divides` holds the rules a layout's sizes obey (heads and key-value heads by tp,
 layers by pp, the sequence by cp x tp and into 2 x cp zig-zag chunks, experts by ep);
@@ -12,25 +12,48 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
-from ddpguide.launch.programs import load, path_of
+from ddpguide.core import scratch
+from ddpguide.launch.programs import ProgramRun, copy_program, load, path_of, run
 
+#: the formulas (memory, compute, collectives)
 PROGRAM = "plan_cost.py"
+#: the step simulation, which imports them
+STEP = "plan_step.py"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 CHECKPOINTING = ("none", "selective", "full")
 LABELS = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep": "EP", "tp": "TP"}
 
 
 def program() -> ModuleType:
-    """The chapter's cost model, loaded from ``book/programs/plan_cost.py``."""
-    return load(PROGRAM)
+    """The chapter's cost model: ``book/programs/plan_step.py`` loaded with the ``plan_cost.py``
+    it imports, as one module holding the names of both (``Model``, ``memory``, ``step``...).
+    ``formulas`` is the loaded ``plan_cost`` itself: the module whose globals both programs call
+    (:mod:`ddpguide.plan.perturb` changes a term there)."""
+    step = load(STEP)
+    formulas = step.plan_cost
+    both = ModuleType("plan_model", step.__doc__)
+    for module in (formulas, step):
+        vars(both).update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    vars(both)["formulas"] = formulas
+    return both
+
+
+def run_step(*args: str, workdir: str | Path | None = None, **options: Any) -> ProgramRun:
+    """``plan_step.py`` run as a reader runs it (:func:`ddpguide.launch.programs.run`), in a folder
+    that holds the ``plan_cost.py`` it imports beside it."""
+    folder = Path(workdir) if workdir else scratch.folder("ddpguide-plan-step-")
+    copy_program(PROGRAM, folder)
+    return run(STEP, *args, workdir=folder, **options)
 
 
 def version() -> str:
-    """The cost model's version: the first 12 hex digits of ``plan_cost.py``'s SHA-256."""
-    return hashlib.sha256(path_of(PROGRAM).read_bytes()).hexdigest()[:12]
+    """The cost model's version: the first 12 hex digits of the SHA-256 of ``plan_cost.py``
+    followed by ``plan_step.py``."""
+    return hashlib.sha256(path_of(PROGRAM).read_bytes() + path_of(STEP).read_bytes()).hexdigest()[:12]
 
 
 def _divisors(n: int) -> list[int]:

@@ -109,6 +109,25 @@ def test_loading_a_program_leaves_the_default_dtype_as_it_was():
     assert hasattr(module, "main")
 
 
+def test_a_loaded_program_imports_its_neighbour_afresh_and_leaves_the_path_as_it_was(tmp_path):
+    import sys
+
+    (tmp_path / "neighbour.py").write_text("VALUE = 1\n")
+    (tmp_path / "main_part.py").write_text("import neighbour\n\nVALUE = neighbour.VALUE + 1\n")
+    path = list(sys.path)
+    assert programs.load(tmp_path / "main_part.py").VALUE == 2
+    (tmp_path / "neighbour.py").write_text("VALUE = 10\n")
+    assert programs.load(tmp_path / "main_part.py").VALUE == 11  # the edit seen, no cached neighbour
+    assert sys.path == path and "neighbour" not in sys.modules
+    (tmp_path / "main_part.py").write_text("import neighbour\nraise RuntimeError('planted')\n")
+    with pytest.raises(RuntimeError, match="planted"):
+        programs.load(tmp_path / "main_part.py")
+    assert sys.path == path and "neighbour" not in sys.modules
+    step = programs.load("plan_step.py")  # the chapter's two programs: the formulas come with the step
+    assert step.plan_cost.__file__ == str(programs.path_of("plan_cost.py"))
+    assert hasattr(programs.load("gpt/train.py"), "main")  # it imports its four neighbours by bare name
+
+
 def test_an_edited_copy_replaces_the_text_and_refuses_an_edit_that_misses(tmp_path):
     from ddpguide.launch.programs import path_of
     from tests.edited_programs import edited_copy

@@ -1,6 +1,7 @@
-"""plan_cost.py run as a reader runs it, alone in a folder: --measure writes this machine's
-hardware, --hardware predicts from it (the same as the module computes), bad input is one
-line, exit status 2, nothing written."""
+"""plan_step.py run as a reader runs it, in a folder with the plan_cost.py it imports and nothing
+else: --measure writes this machine's hardware, --hardware predicts from it (the same as the
+module computes), bad input is one line, exit status 2, nothing written (Python's own
+__pycache__ of the imported plan_cost.py aside)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,29 @@ from ddpguide.bench.plan import QUICK_REPEATS, QUICK_SECONDS
 from ddpguide.launch.programs import load
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
 
+BOTH = ["plan_cost.py", "plan_step.py"]
 LAYOUT = ["--layers", "2", "--dim", "256", "--ffn", "1024", "--pp", "2", "--dp-shard", "2", "--microbatches", "2"]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(200)
 def test_measure_then_predict(tmp_path):
-    copy_program("plan_cost.py", tmp_path)
+    for name in BOTH:
+        copy_program(name, tmp_path)
     # the benchmark's quick timings: what is checked is what --measure writes, not its precision
-    check_ok(run([PYTHON, "plan_cost.py", "--measure", "hw.json", "--ranks", "2", "--seconds", str(QUICK_SECONDS),
+    check_ok(run([PYTHON, "plan_step.py", "--measure", "hw.json", "--ranks", "2", "--seconds", str(QUICK_SECONDS),
                   "--repeats", str(QUICK_REPEATS)], tmp_path, timeout=180))
     hw = json.loads((tmp_path / "hw.json").read_text())
     assert len(hw["matmul"]) == 48 and hw["backend"] == "gloo" and not hw["streams"]
     assert 0 < hw["cores"] <= 2.2 and hw["tp_module_seconds"] > 0 and hw["op_seconds"] > 0
-    done = check_ok(run([PYTHON, "plan_cost.py", "--hardware", "hw.json", *LAYOUT], tmp_path, timeout=60))
+    done = check_ok(run([PYTHON, "plan_step.py", "--hardware", "hw.json", *LAYOUT], tmp_path, timeout=60))
     printed = json.loads(done.stdout)
-    p = load(tmp_path / "plan_cost.py")
-    m = p.Model(layers=2, dim=256, ffn=1024)
-    lay = p.Layout(pp=2, dp_shard=2, microbatches=2)
-    expected = p.predict(m, lay, p.Policy(), p.Hardware(**hw), 8, 64)
+    p = load(tmp_path / "plan_step.py")
+    assert p.plan_cost.__file__ == str(tmp_path / "plan_cost.py")  # the copy beside it, not the book's
+    c = p.plan_cost
+    m = c.Model(layers=2, dim=256, ffn=1024)
+    lay = c.Layout(pp=2, dp_shard=2, microbatches=2)
+    expected = p.predict(m, lay, c.Policy(), c.Hardware(**hw), 8, 64)
     assert printed["step"]["total"] == pytest.approx(expected["step"]["total"])
     assert printed["peak_memory"] == expected["peak_memory"]
 
@@ -46,16 +51,18 @@ def test_measure_then_predict(tmp_path):
     (["--tp", "x"], "argument --tp: invalid int value: 'x'"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, args, message):
-    copy_program("plan_cost.py", tmp_path)
-    done = run([PYTHON, "plan_cost.py", *args], tmp_path, timeout=60)
+    for name in BOTH:
+        copy_program(name, tmp_path)
+    done = run([PYTHON, "plan_step.py", *args], tmp_path, timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_cost.py"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == BOTH
 
 
 @pytest.mark.multiprocess
 def test_a_sweep_of_no_repeats_is_refused_under_torchrun(tmp_path):
-    copy_program("plan_cost.py", tmp_path)
-    done = run([PYTHON, "plan_cost.py", "--sweep", "hw.json", "--repeats", "0"], tmp_path, timeout=60,
+    for name in BOTH:
+        copy_program(name, tmp_path)
+    done = run([PYTHON, "plan_step.py", "--sweep", "hw.json", "--repeats", "0"], tmp_path, timeout=60,
                env={"LOCAL_WORLD_SIZE": "1"})
-    assert (done.returncode, done.stdout, done.stderr) == (2, "", "plan_cost.py: --repeats 0: must be at least 1\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan_cost.py"]
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", "plan_step.py: --repeats 0: must be at least 1\n")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == BOTH

@@ -1,0 +1,513 @@
+"""One training step of a layout, simulated from plan_cost.py's terms: each stage's micro-batches
+in the order torch's schedules run them, activations sent between stages, what FSDP's and DDP's
+collectives hide behind compute, the ranks sharing the cores; and the microbenchmarks that measure
+a machine's figures.
+
+Run:  python plan_step.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
+      torchrun --standalone --nproc-per-node 4 plan_step.py --sweep hw.json     (one node's link)
+      torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-endpoint NODE0:29500 \
+          plan_step.py --sweep hw.json                  (on each node K: both link levels)
+      python plan_step.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
+
+plan_cost.py (the formulas) sits beside it: copy both. torch and the standard library only.
+Source: torch's own schedules (torch/distributed/pipelining/schedules.py), FSDP2's streams and
+DDP's buckets (torch/distributed/fsdp/_fully_shard, torch/nn/parallel/distributed.py).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import asdict
+
+import plan_cost
+import torch
+import torch.distributed as dist
+
+
+def order(schedule: str, stages: int, stage: int, microbatches: int) -> list:
+    """The forwards and backwards of a stage in the order torch's schedules run them."""
+    if schedule == "GPipe":
+        return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+    warm = min(microbatches, stages - stage)  # 1F1B: a warm-up, then one backward, one forward
+    out, f = [("F", i) for i in range(warm)], warm
+    for b in range(microbatches):
+        out.append(("B", b))
+        if f < microbatches:
+            out.append(("F", f))
+            f += 1
+    return out
+
+
+def simulate(plans: list, ranks_per_stage: int, cores: float) -> tuple:
+    """Run the stages' plans side by side. A plan is a list of ('work', s): s seconds of compute
+    at a rank's full speed; ('wait', s, part): a collective that blocks s seconds; ('send',
+    key, link, s): a transfer that takes s seconds once the link is free; ('recv', key): wait
+    for it. The ranks of every stage share `cores` cores (0: a device each): with k ranks
+    computing, each runs at cores / k of its speed. Returns each stage's end and its seconds
+    by part (compute, each wait's part, 'bubble' for receiving)."""
+    n, now = len(plans), 0.0
+    at, left, end = [0] * n, [None] * n, [None] * n
+    arrive, free = {}, {}
+    parts = [{"compute": 0.0, "bubble": 0.0} for _ in range(n)]
+    if not cores:  # a device each: every step starts when its stage and its input are ready
+        clock = [0.0] * n
+        while None in end:
+            for s in range(n):
+                while end[s] is None:
+                    if at[s] == len(plans[s]):
+                        end[s] = clock[s]
+                        break
+                    step = plans[s][at[s]]
+                    if step[0] == "recv":
+                        if step[1] not in arrive:
+                            break  # its sender has not sent it yet: another stage moves first
+                        parts[s]["bubble"] += max(0.0, arrive[step[1]] - clock[s])
+                        clock[s] = max(clock[s], arrive[step[1]])
+                    elif step[0] == "send":  # one sender a link: its sends come in time order
+                        start = max(clock[s], free.get(step[2], 0.0))
+                        free[step[2]] = arrive[step[1]] = start + step[3]
+                    else:
+                        part = "compute" if step[0] == "work" else step[2]
+                        parts[s][part] = parts[s].get(part, 0.0) + step[1]
+                        clock[s] += step[1]
+                    at[s] += 1
+        return end, parts
+    while None in end:
+        moved = True
+        while moved:  # everything that takes no time
+            moved = False
+            for s in range(n):
+                if end[s] is not None:
+                    continue
+                if at[s] == len(plans[s]):
+                    end[s], moved = now, True
+                    continue
+                step = plans[s][at[s]]
+                if step[0] == "send":
+                    start = max(now, free.get(step[2], 0.0))
+                    free[step[2]] = arrive[step[1]] = start + step[3]
+                elif step[0] == "recv" and arrive.get(step[1], math.inf) > now:
+                    continue
+                elif step[0] in ("work", "wait"):
+                    if left[s] is None:
+                        left[s] = step[1]
+                    if left[s] > 1e-12:
+                        continue
+                    left[s] = None
+                at[s] += 1
+                moved = True
+        live = [s for s in range(n) if end[s] is None]
+        if not live:
+            break
+        busy = [s for s in live if plans[s][at[s]][0] == "work"]
+        speed = min(1.0, cores / (len(busy) * ranks_per_stage)) if cores and busy else 1.0
+        gaps = [left[s] / speed for s in busy]
+        gaps += [left[s] for s in live if plans[s][at[s]][0] == "wait"]
+        gaps += [arrive[plans[s][at[s]][1]] - now for s in live
+                 if plans[s][at[s]][0] == "recv" and plans[s][at[s]][1] in arrive]
+        gap = min(gaps)  # the plans are built so that some stage can always move
+        for s in live:
+            step = plans[s][at[s]]
+            if step[0] == "work":
+                left[s] -= gap * speed
+                parts[s]["compute"] += gap
+            elif step[0] == "wait":
+                left[s] -= gap
+                parts[s][step[2]] = parts[s].get(step[2], 0.0) + gap
+            else:
+                parts[s]["bubble"] += gap
+        now += gap
+    return end, parts
+
+
+def ddp_exposed(hw: plan_cost.Hardware, lay: plan_cost.Layout, pol: plan_cost.Policy, backward: float,
+                stage_bytes: float) -> float:
+    """DDP's buckets (1 MiB first, then 25 MiB, last layers first) each all-reduced once
+    backward has made it, one after another; with hw.overlap they run beside the backward
+    and what ends after it shows, else all of it."""
+    buckets, left, cap = [], stage_bytes, 2**20
+    while left > 0:
+        buckets.append(min(cap, left))
+        left -= buckets[-1]
+        cap = 25 * 2**20
+    end, made = 0.0, 0.0
+    for size in buckets:
+        made += size
+        ready = backward * made / stage_bytes if hw.overlap else backward
+        gap = max(0.0, ready - end)  # the link rested since the last bucket
+        end = max(end, ready) + plan_cost.collective(hw, lay, "all_reduce", size, ("dp_replicate",), gap=gap)
+    return max(0.0, end - backward)
+
+
+def step(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
+         batch: int, seq: int) -> dict:
+    """Seconds of one optimizer step on the rank that ends last, by part. Each stage's
+    micro-batches run in the schedule's order, a pipeline's activations cross the link
+    between stages, and ranks share hw.cores (simulate). The overlap rule: TP, CP and EP
+    collectives block; FSDP's gathers and reductions run beside compute on their own streams
+    (hw.streams, a GPU) and block otherwise (gloo: every call waits); DDP's bucket
+    all-reduces run beside the backward where the link, not a core, is busy (hw.overlap).
+    Gradients are reduced once a step, after the last backward (accumulation steps add up
+    where they are; a pipeline runs them as more micro-batches of its one schedule)."""
+    mb = lay.passes
+    rows = batch // lay.data_parallel // mb
+    per = -(-m.layers // lay.pp)
+    cost = [plan_cost.microbatch(m, lay, pol, hw, rows, seq, s) for s in range(lay.pp)]
+    fsdp_axes = ("dp_shard", "cp", "ep")
+    shard_n = math.prod(getattr(lay, a) for a in fsdp_axes)
+    slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0  # every rank computing at once
+    plans, elems, sync = [], [], 0.0
+    for s in range(lay.pp):
+        params = plan_cost.stage_parameters(m, lay, s)
+        embed = (m.vocab // lay.tp) * m.dim * ((s == 0 or (s == lay.pp - 1 and m.tied))
+                                               + (not m.tied and s == lay.pp - 1))
+        root = embed + m.dim * (s == lay.pp - 1)
+        block = (sum(r * c for r, c, _ in params) - root) / per
+        gather = ag = rs = ar = 0.0
+        if plan_cost.fsdp_on(lay):  # per group: the blocks and the root (embedding, final norm)
+            times = 1 if lay.pp > 1 else 2  # a pipeline keeps its stage gathered
+            # a forward gather follows a block's forward; in the backward a block's reduction and
+            # the next gather follow its backward together; a pipeline reduces all at the end
+            gf, gb = (cost[s][k] * slow / per for k in ("forward", "backward"))
+            gb = gb / 2 if lay.pp == 1 else 0.0
+
+            def fsdp(kind, size, calls, gap, axes=fsdp_axes):
+                return plan_cost.collective(hw, lay, kind, size, axes, calls, gap=gap)
+            ag = (fsdp("all_gather", block * pol.compute, per, gf) + fsdp("all_gather", root * pol.compute, times, gf)
+                  + fsdp("all_gather", block * pol.compute, per * (times - 1), gb))
+            rs = (fsdp("reduce_scatter", block * pol.reduce, per, gb)
+                  + fsdp("reduce_scatter", root * pol.reduce, 1, gb))
+            ar = (fsdp("all_reduce", block * pol.reduce / shard_n, per, 0.0, ("dp_replicate",))
+                  + fsdp("all_reduce", root * pol.reduce / shard_n, 1, 0.0, ("dp_replicate",)))
+            gather = ag / ((per + 1) * times)
+        work, plan, after = cost[s], [], 0.0
+        busy = mb * (work["forward"] + work["backward"])
+        if plan_cost.fsdp_on(lay) and lay.pp > 1:  # gathered before the first forward, reduced after the last
+            plan.append(("wait", gather if hw.streams else ag, "data_parallel"))  # backward: nothing
+            after = rs + ar + (max(0.0, ag - gather - busy) if hw.streams else 0.0)  # hides them
+        elif plan_cost.fsdp_on(lay) and hw.streams:  # beside this stage's compute, but the first gather
+            after = max(0.0, mb * ag + rs + ar - busy) + gather
+        sends = {up: plan_cost.collective(hw, lay, "send_recv", work["send"], ("pp",), ranks=2,
+                                gap=work["forward" if up else "backward"] * slow) for up in (True, False)}
+        for kind, i in order(lay.schedule, lay.pp, s, mb):
+            up = kind == "F"
+            if (s > 0 if up else s < lay.pp - 1):
+                plan.append(("recv", (kind, s, i)))
+            plan.append(("work", work["forward" if up else "backward"]))
+            plan.append(("wait", work["forward_comm" if up else "backward_comm"], "tp_cp_ep_pp"))
+            if lay.pp == 1 and plan_cost.fsdp_on(lay) and not hw.streams:  # each call blocks, in order
+                plan.append(("wait", ag / 2 + (0.0 if up or i < mb - 1 else rs + ar), "data_parallel"))
+            to = s + 1 if up else s - 1
+            if 0 <= to < lay.pp:
+                plan.append(("send", (kind, to, i), (kind, min(s, to)), sends[up]))
+        plan.append(("wait", after, "data_parallel"))
+        plans.append(plan)
+        elems.append(sum(r * c for r, c, _ in params))
+    end, parts = simulate(plans, lay.world // lay.pp, hw.cores)
+    last = max(range(lay.pp), key=lambda s: end[s])
+    out = {k: parts[last].get(k, 0.0) for k in ("compute", "bubble", "tp_cp_ep_pp", "data_parallel")}
+    if lay.schedule == "Interleaved1F1B":  # two chunks a rank: the idle slots halve (simulated as 1F1B)
+        out["bubble"] /= 2
+    if lay.dp_replicate > 1 and not plan_cost.fsdp_on(lay):  # DDP
+        speed = min(1.0, hw.cores / lay.world) if hw.cores else 1.0
+        out["data_parallel"] += ddp_exposed(hw, lay, pol, cost[0]["backward"] / speed, elems[0] * pol.reduce)
+    if lay.zero and lay.dp_replicate > 1:  # each replica updated its share: the weights gathered again
+        out["data_parallel"] += plan_cost.collective(hw, lay, "all_gather", max(elems) * pol.compute, ("dp_replicate",))
+    # after the schedule: the norms' gradients, partial sums over tp (each rank saw its part of
+    # the sequence), summed one by one; the tied embedding's gradient summed over the first
+    # and last stage; the gradient norm, the loss averaged (and sent across stages)
+    if lay.tp > 1:
+        sync += plan_cost.collective(hw, lay, "all_reduce", m.dim * pol.compute, ("tp",), 2 * per + 1)
+    if lay.pp > 1 and m.tied:
+        local = m.vocab // lay.tp * m.dim / (shard_n if plan_cost.fsdp_on(lay) else 1)
+        sync += plan_cost.collective(hw, lay, "all_reduce", local * pol.reduce, ("pp",), ranks=2,
+                           gap=cost[0]["backward"] * slow)
+    sync += grad_norm(m, lay, pol, hw)
+    sync += plan_cost.collective(hw, lay, "all_reduce", 8, ("dp_replicate", "dp_shard", "cp", "ep"))
+    sync += plan_cost.collective(hw, lay, "all_reduce", 8, ("pp",))
+    out["sync"] = sync
+    local = plan_cost.memory(m, lay, pol, batch, seq)["parameters"] / pol.param
+    speed = min(1.0, hw.cores / lay.world) if hw.cores else 1.0
+    optimizer = local * (pol.param * 2 + pol.state * 4) / hw.bandwidth
+    optimizer += 12 * hw.op_seconds * len(plan_cost.stage_parameters(m, lay, 0))
+    out["optimizer"] = optimizer / speed
+    out["total"] = sum(out.values())
+    return out
+
+
+def grad_norm(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware) -> float:
+    """Seconds of the gradient norm's all-reduces (torch.nn.utils.get_total_norm, as train.py
+    clips): one number a gradient tensor, over each mesh dimension that shards the gradients
+    (FSDP's, TP's; DDP's are whole: none); the experts' own under EP, and one number over ep;
+    one over pp."""
+    kinds = [kind for _, _, kind in plan_cost.stage_parameters(m, lay, lay.pp - 1)]
+    experts = kinds.count("expert") if lay.ep > 1 else 0
+    shards = lay.dp_shard * lay.cp * lay.ep > 1 and plan_cost.fsdp_on(lay)
+    out = plan_cost.collective(hw, lay, "all_reduce", (len(kinds) - experts) * pol.param, ("dp_shard", "cp", "ep"),
+                     calls=int(shards))
+    out += plan_cost.collective(hw, lay, "all_reduce", (len(kinds) - experts) * pol.param, ("tp",))
+    if experts:
+        out += plan_cost.collective(hw, lay, "all_reduce", experts * pol.param, ("dp_shard", "cp"),
+                                    calls=int(plan_cost.fsdp_on(lay)))
+        out += plan_cost.collective(hw, lay, "all_reduce", 8, ("ep",))
+    return out + plan_cost.collective(hw, lay, "all_reduce", 8, ("pp",))
+
+
+def flops(m: plan_cost.Model, batch: int, seq: int) -> float:
+    """Model FLOPs of a step: 6 x matmul parameters per token plus attention (12 x layers x
+    dim x seq per token; the causal half without a mask)."""
+    h = m.ffn * (3 if m.gated else 2) * m.dim
+    mlp = h * (m.top_k + m.shared) + m.dim * m.experts if m.experts else h
+    per_layer = 2 * m.dim * m.dim + 2 * m.dim * m.kv_dim + mlp
+    params = m.layers * per_layer + m.vocab * m.dim
+    attn = 12 * m.layers * m.dim * seq * (1 if m.mask else 0.5)
+    return batch * seq * (6 * params + attn)
+
+
+def stage_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int) -> list:
+    """Memory of each stage's busiest rank, by component: its first rank holds the largest
+    (ceil) shards."""
+    per_stage = lay.world // lay.pp
+    return [plan_cost.memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
+
+
+def peak_memory(mems: list) -> float:
+    """What one GPU must hold: the largest of the stages' busiest ranks (``stage_memory``)."""
+    return max(sum(x.values()) for x in mems)
+
+
+def predict(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
+            batch: int, seq: int) -> dict:
+    """The whole prediction: memory of each stage's busiest rank, the step and its parts,
+    tokens/s a GPU and MFU against the data-sheet peak."""
+    mems = stage_memory(m, lay, pol, batch, seq)
+    s = step(m, lay, pol, hw, batch, seq)
+    peak = hw.peak_float8 if pol.float8 and hw.peak_float8 else hw.peak
+    tokens = batch * seq / s["total"] / lay.world
+    return {"memory": mems, "peak_memory": peak_memory(mems), "step": s,
+            "tokens_per_gpu": tokens, "mfu": flops(m, batch, seq) / s["total"] / lay.world / hw.peak,
+            "peak_used": peak}
+
+
+def _timed(fn, seconds):
+    fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    return (time.perf_counter() - start) / n
+
+
+def _busy(barrier, out, seconds):
+    """One of several processes: the rate of a middle-sized matmul while the others run theirs."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    barrier.wait(timeout=60)  # a sibling that never came: BrokenBarrierError, not a hang
+    out.put(2 * 256**3 / _timed(lambda: a @ b, seconds))
+
+
+def _tp_module(seconds):
+    """What a tensor-parallel module adds to a forward and backward: a column- and a row-split
+    Linear on a mesh of one rank against the same two plain, tiny (its own work is DTensor's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        x = torch.randn(2, 4, 4)
+        pair = [torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False))
+                for _ in range(2)]
+        parallelize_module(pair[1], init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        plain, split = (_timed(lambda m=m: m(x).sum().backward(), 10 * seconds) for m in pair)
+        return max(0.0, split - plain) / 2
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(path, ranks=1, seconds=0.1):
+    """This machine's matmul rate per shape (one thread, as each rank runs), its memory
+    bandwidth, the time of one small operation, what a tensor-parallel module adds, and the
+    cores `ranks` busy processes get (their matmul rate together over one process's alone):
+    written to path (JSON)."""
+    torch.set_num_threads(1)
+    rows = []
+    for m_ in (64, 256, 1024):
+        for k in (16, 64, 256, 1024):
+            for n in (16, 64, 256, 1024):
+                a, b = torch.randn(m_, k), torch.randn(k, n)
+                rows.append([m_, k, n, 2 * m_ * k * n / _timed(lambda a=a, b=b: a @ b, seconds)])
+    big = torch.randn(2**22)
+    bandwidth = 2 * big.numel() * 4 / _timed(lambda: big.mul(1.0001), seconds)
+    tiny = torch.randn(8)
+    op = _timed(lambda: tiny.add(1.0), seconds)
+    cores = 0.0
+    if ranks > 1:
+        # one process's rate: the best of five windows, so that a window another process
+        # shared does not pass for this machine's speed (the busy ranks' rates are shared)
+        a, b = torch.randn(256, 256), torch.randn(256, 256)
+        alone = max(2 * 256**3 / _timed(lambda: a @ b, seconds) for _ in range(5))
+        ctx = multiprocessing.get_context("fork")
+        barrier, out = ctx.Barrier(ranks), ctx.Queue()
+        # daemons: whatever happens here, none outlives this process
+        procs = [ctx.Process(target=_busy, args=(barrier, out, 10 * seconds), daemon=True)
+                 for _ in range(ranks)]
+        for proc in procs:
+            proc.start()
+        rates = [out.get(timeout=120) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=30)
+        cores = sum(rates) / alone
+    tp_module = _tp_module(seconds)
+    hw = plan_cost.Hardware(name="this-machine", peak=max(r[3] for r in rows), memory=os.sysconf("SC_PAGE_SIZE")
+                  * os.sysconf("SC_PHYS_PAGES"), bandwidth=bandwidth, gpus_per_node=64,
+                  op_seconds=op, tp_module_seconds=tp_module, matmul=rows, backend="gloo", streams=False,
+                  overlap=False,
+                  cores=cores, sources={"all": f"measured by plan_step.py --measure, {time.strftime('%Y-%m-%d')}"})
+    if os.path.exists(path):
+        with open(path) as f:
+            hw.links = json.load(f).get("links", hw.links)
+    with open(path, "w") as f:
+        json.dump(asdict(hw), f)
+
+
+def fit(samples):
+    """alpha, beta, burst of a link from [(messages in a row, bytes on the link, seconds)] of
+    one kind of call: alpha from the three smallest calls (their bytes pass at once, only
+    latency is left: the middle one of them), then seconds - messages x alpha = beta x
+    max(0, bytes - burst) by least squares for each burst tried (0 and each sampled size but
+    the two largest), the best kept. A burst is what a tc tbf link passes at once after a
+    pause (its bucket); a real link has none."""
+    small = sorted(samples, key=lambda x: x[1])[:3]
+    alpha = sorted(t / k for k, _, t in small)[1]  # the middle one of the three smallest calls
+    best = None
+    for burst in [0.0] + sorted({x[1] for x in samples})[:-2]:
+        rows = [(max(0.0, w - burst), t - k * alpha) for k, w, t in samples]
+        beta = sum(w * t for w, t in rows) / sum(w * w for w, _ in rows)
+        error = sum((beta * w - t) ** 2 for w, t in rows)
+        if beta > 0 and (best is None or error < best[0]):
+            best = (error, [alpha, beta, burst])
+    return best[1]
+
+
+def sweep(path, repeats=5):
+    """Under torchrun: all-reduces of several sizes inside every node at once (the ranks of a
+    node share its cores, as in training) and, with several nodes, across them (one rank a
+    node, one transfer on each link): alpha, beta and burst of each link level (fit), added
+    to path (JSON) by rank 0."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = world // local
+    inside = [dist.new_group(list(range(k * local, (k + 1) * local))) for k in range(nodes)]
+    mine = list(range(rank // local * local, (rank // local + 1) * local))
+    levels = {"node": (inside[rank // local], mine, (2**10, 2**14, 2**16, 2**18, 2**20, 2**22))}
+    if nodes > 1:
+        across = list(range(0, world, local))
+        levels["net"] = (dist.new_group(across), across,
+                         (2**10, 2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20, 2**21))
+    found = {}
+    for level, (group, ranks, sizes) in levels.items():
+        n = len(ranks)
+        samples = []
+        for size in sizes:
+            x = torch.zeros(size // 4)
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                time.sleep(0.05)  # a pause, as compute makes between collectives
+                start = time.perf_counter()
+                if rank in ranks and n > 1:
+                    dist.all_reduce(x, group=group)
+                times.append(time.perf_counter() - start)
+            samples.append((2 * (n - 1), 2 * (n - 1) / n * size, sorted(times)[len(times) // 2]))
+        found[level] = samples
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank:
+        return
+    hw = json.load(open(path)) if os.path.exists(path) else asdict(plan_cost.Hardware())
+    hw["links"] = {level: fit(samples) for level, samples in found.items() if samples[0][0]}
+    hw["sweep"] = found
+    hw["links"].setdefault("net", hw["links"].get("node", [0.0, 0.0, 0.0]))
+    hw["links"].setdefault("node", hw["links"]["net"])
+    hw["gpus_per_node"], hw["collective_seconds"] = local if nodes > 1 else hw.get("gpus_per_node", local), 0.0
+    hw.setdefault("sources", {})["links"] = (f"gloo all-reduce sweep, {nodes} node(s) x {local} ranks, "
+                                             f"{time.strftime('%Y-%m-%d')}")
+    with open(path, "w") as f:
+        json.dump(hw, f)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr, exit status 2, nothing started or written
+        sys.stderr.write(f"plan_step.py: {message}\n")
+        raise SystemExit(2)
+
+
+def main(argv=None):
+    p = Parser(prog="plan_step.py", description=__doc__.splitlines()[0])
+    p.add_argument("--measure", metavar="FILE", help="measure this machine into FILE (JSON)")
+    p.add_argument("--sweep", metavar="FILE", help="under torchrun: add each link level to FILE")
+    p.add_argument("--ranks", type=int, default=1, help="with --measure: busy processes sharing the cores")
+    p.add_argument("--seconds", type=float, default=0.1,
+                   help="with --measure: how long each timing runs (default 0.1)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="with --sweep: timings of each size, the median kept (default 5)")
+    p.add_argument("--hardware", metavar="FILE", help="predict with the hardware in FILE")
+    for name, value in asdict(plan_cost.Model()).items():
+        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else int
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
+    for name, value in asdict(plan_cost.Layout()).items():
+        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
+    p.add_argument("--bytes", type=int, default=4, help="bytes of every element (float32: 4)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=64)
+    a = p.parse_args(argv)
+    for name in ("measure", "sweep"):
+        path = getattr(a, name)
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            p.error(f"--{name} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
+    if a.measure:
+        if a.ranks < 1:
+            p.error(f"--ranks {a.ranks}: must be at least 1")
+        if not a.seconds > 0:
+            p.error(f"--seconds {a.seconds:g}: must be more than 0")
+        return measure(a.measure, a.ranks, a.seconds)
+    if a.sweep:
+        if "LOCAL_WORLD_SIZE" not in os.environ:
+            p.error("--sweep: run it under torchrun (it times all-reduces between the ranks)")
+        if a.repeats < 1:
+            p.error(f"--repeats {a.repeats}: must be at least 1")
+        return sweep(a.sweep, a.repeats)
+    if not a.hardware or not os.path.isfile(a.hardware):
+        p.error(f"--hardware {a.hardware or 'FILE'}: no such file (write one with --measure and --sweep)")
+    m = plan_cost.Model(**{k: getattr(a, k) for k in asdict(plan_cost.Model())})
+    lay = plan_cost.Layout(**{k: getattr(a, k) for k in asdict(plan_cost.Layout())})
+    for name in ("layers", "dim", "heads", "ffn", "vocab", "batch", "seq", "bytes", *plan_cost.AXES, "microbatches"):
+        value = getattr(a, name)
+        if value < 1:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if (m.dim % m.heads or m.layers % lay.pp or m.heads % lay.tp or (m.kv_heads or m.heads) % lay.tp
+            or a.seq % (lay.cp * lay.tp) or (lay.cp > 1 and a.seq % (2 * lay.cp))
+            or a.batch % (lay.data_parallel * lay.passes)):
+        p.error(f"the layout {lay.pp}x{lay.dp_replicate}x{lay.dp_shard}x{lay.cp}x{lay.ep}x{lay.tp} does not "
+                "divide the model (heads and key-value heads by tp, layers by pp, the sequence by cp x tp and "
+                "into 2 x cp chunks, the batch by the data-parallel ranks and micro-batches)")
+    with open(a.hardware) as f:
+        hw = plan_cost.Hardware(**json.load(f))
+    pol = plan_cost.Policy(param=a.bytes, compute=a.bytes, reduce=a.bytes, state=a.bytes)
+    out = predict(m, lay, pol, hw, a.batch, a.seq)
+    print(json.dumps({"peak_memory": out["peak_memory"], "memory_rank0": out["memory"][0],
+                      "step": out["step"], "tokens_per_gpu": out["tokens_per_gpu"], "mfu": out["mfu"]},
+                     indent=1))
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
