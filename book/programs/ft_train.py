@@ -22,7 +22,8 @@ torchrun's --nproc-per-node: 1 runs torchft's DistributedDataParallel; 2 shards 
 over the group's two ranks with FSDP2 (fully_shard), whose all-reduce hook averages each
 rank's gradient shard over the same rank of the other groups through the Manager: FT-HSDP.
 --diloco H runs torchft's DiLoCo instead (H local steps, then one outer step). The model
-and the data are float64, generated from --seed.
+and the data are float64, generated from --seed. --plain-ddp runs torch's own DDP over
+torchrun's ranks without torchft, the same model and batches, to compare a step's cost.
 
 Every rank appends one JSON line per event to ROWS/group<G>.rank<R>.jsonl (opened in
 append mode: a restarted rank continues its file), each with the group, the rank, the
@@ -308,6 +309,32 @@ def train_diloco(args, manager, model, inner, write, sent):
     write_final(write, manager, model)
 
 
+def train_plain_ddp(args):
+    """torch's own DistributedDataParallel over torchrun's ranks, no torchft: the same model,
+    batch, gloo and rows (rank r is "group" r), for what torchft's step costs over DDP's."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = make_model(args.seed, args.hidden)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    os.makedirs(args.rows, exist_ok=True)
+    try:
+        with open(os.path.join(args.rows, f"group{rank}.rank0.jsonl"), "a", buffering=1) as out:
+            for step in range(args.steps):
+                optimizer.zero_grad()
+                x, y = batch(args.seed, step, rank)
+                loss = ((ddp(x) - y) ** 2).mean()
+                loss.backward()                      # gloo's all-reduce of each bucket
+                optimizer.step()
+                out.write(json.dumps({"event": "step", "group": rank, "rank": 0,
+                                      "incarnation": 0, "time": time.time(), "step": step,
+                                      "participants": size, "committed": True,
+                                      "loss": loss.item(), "weights": digest(model)}) + "\n")
+                time.sleep(args.step_seconds)
+    finally:
+        dist.destroy_process_group()
+
+
 def write_final(write, manager, model):
     """The full parameters (FSDP2 gathers them inside the group) when the last step is done."""
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
@@ -364,6 +391,14 @@ def from_env(name, default=None):
 
 def check(args, parser):
     """Every option checked before anything starts: one line, exit 2."""
+    if args.plain_ddp:
+        if args.steps < 1 or args.hidden < 1:
+            parser.error("--steps and --hidden must be at least 1")
+        if args.diloco or args.checkpoint_every:
+            parser.error("--plain-ddp runs plain DDP steps: no --diloco, no --checkpoint-every")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.rows))):
+            parser.error(f"--rows {args.rows}: no such directory")
+        return
     for option, value in (("--group", args.group), ("--groups", args.groups)):
         try:
             int(value)
@@ -432,10 +467,15 @@ def main(argv=None):
                         "a live peer when restarted (default 60)")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
+    parser.add_argument("--plain-ddp", action="store_true",
+                        help="torch's DDP over torchrun's ranks, no torchft (for comparison)")
     args = parser.parse_args(argv)
     check(args, parser)
     args.rank = int(os.environ.get("RANK", "0"))
-    train(args)
+    if args.plain_ddp:
+        train_plain_ddp(args)
+    else:
+        train(args)
 
 
 if __name__ == "__main__":
