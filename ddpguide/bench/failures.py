@@ -77,22 +77,6 @@ def last_weights(report: dict) -> str:
                key=lambda r: r["step"])["weights"]
 
 
-def plain_ddp(folder: Path, steps: int) -> dict:
-    """``torchrun --standalone --nproc-per-node=2 ft_train.py --plain-ddp``: its step rows."""
-    from ddpguide.failures import engine
-    from ddpguide.launch import programs
-    from ddpguide.launch.torchrun import run_torchrun
-
-    folder.mkdir(parents=True, exist_ok=True)
-    ran = run_torchrun(["--standalone", "--nproc-per-node=2"],
-                       str(programs.path_of(engine.PROGRAM)),
-                       ["--plain-ddp", "--rows", str(folder / "rows"), "--steps", str(steps),
-                        "--step-seconds", "0"], timeout=180)
-    if not ran.ok:
-        raise RuntimeError(f"plain DDP exited with {ran.returncode}:\n{ran.output[-2000:]}")
-    return {"inner": [], "step": [r for r in engine.read_rows(folder) if r["event"] == "step"]}
-
-
 def run(quick: bool = False) -> Report:
     """Quick: the DiLoCo bytes and the checkpoint sweep (no torchrun run, one short kill run)."""
     from ddpguide.failures import cadence, runs
@@ -110,7 +94,7 @@ def run(quick: bool = False) -> Report:
 
         steps = 40 if quick else 200
         ft_run = runs.run_ft(Path(tmp, "ft"), steps=steps, min_replicas=2, step_seconds=0.0)
-        plain = plain_ddp(Path(tmp, "plain"), steps)
+        plain = runs.run_plain_ddp(Path(tmp, "plain"), steps)
         ft_step, ddp_step = seconds_per_step(ft_run), seconds_per_step(plain)
         report.add("torchft step", ft_step, "s", steps=steps)
         report.add("plain DDP step", ddp_step, "s", steps=steps,   # like for like: same weights
