@@ -22,7 +22,8 @@ torchrun's --nproc-per-node: 1 runs torchft's DistributedDataParallel; 2 shards 
 over the group's two ranks with FSDP2 (fully_shard), whose all-reduce hook averages each
 rank's gradient shard over the same rank of the other groups through the Manager: FT-HSDP.
 --diloco H runs torchft's DiLoCo instead (H local steps, then one outer step). The model
-and the data are float64, generated from --seed.
+and the data are float64, generated from --seed. --plain-ddp runs torch's own DDP over
+torchrun's ranks without torchft, the same model and batches, to compare a step's cost.
 
 Every rank appends one JSON line per event to ROWS/group<G>.rank<R>.jsonl (opened in
 append mode: a restarted rank continues its file), each with the group, the rank, the
@@ -33,7 +34,8 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
   final        the last step's full parameters.
 A group that has done the last step keeps joining quorums until one holds every group, so
-that a group that comes back late still finds a peer to heal from.
+that a group that comes back late still finds a peer to heal from; a restarted group that
+finds none within --linger seconds exits with status 1 rather than train from step 0 alone.
 
 Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, ManagedProcessGroup,
 DistributedDataParallel, Optimizer and DiLoCo; its train_ddp.py, which runs the same way,
@@ -156,19 +158,29 @@ def count_bytes(manager):
 
 def save_checkpoint(args, model, manager):
     """The group's checkpoint, named by the steps done: every rank writes its part with
-    torch.distributed.checkpoint into step-N.tmp, then rank 0 renames it to step-N. A reader
-    finds a complete checkpoint or none, never a torn one."""
+    torch.distributed.checkpoint into step-N.tmpK (K: the incarnation), then rank 0 renames it
+    to a name nobody has used. A reader finds a complete checkpoint or none, never a torn one."""
     import torch.distributed.checkpoint as dcp
 
-    final = os.path.join(args.checkpoint, f"group{args.group}",
-                         f"step-{manager.current_step():06d}")
+    folder = os.path.join(args.checkpoint, f"group{args.group}")
+    name = f"step-{manager.current_step():06d}"
+    incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    written = os.path.join(folder, f"{name}.tmp{incarnation}")   # this incarnation's own
+    final = new_name(folder, name, incarnation)   # on every rank, before rank 0 renames
     dcp.save({"model": model.state_dict(), "torchft": manager.state_dict()},
-             checkpoint_id=final + ".tmp")
+             checkpoint_id=written)
     if dist.is_initialized():
         dist.barrier()
     if args.rank == 0:
-        os.replace(final + ".tmp", final)
+        os.rename(written, final)
     return os.path.abspath(final)
+
+
+def new_name(folder, name, incarnation):
+    """step-N, or step-N.K (K the incarnation) when step-N exists: a complete checkpoint is
+    never replaced."""
+    final = os.path.join(folder, name)
+    return final if not os.path.exists(final) else f"{final}.{incarnation}"
 
 
 def forget_the_last_manager():
@@ -248,8 +260,12 @@ def train_ddp(args, manager, model, inner, write, size, sent):
     else:
         forward = tolerant_ddp(manager, model, args.torchft_hook)
     optimizer = Optimizer(manager, inner)
+    first = True
     while manager.current_step() < args.steps:
         optimizer.zero_grad()                    # waits for the quorum (and heals)
+        if first:
+            wait_for_a_peer(args, manager)
+            first = False
         step = manager.current_step()
         if step >= args.steps:                   # healed to the end: nothing left to do
             break
@@ -293,11 +309,54 @@ def train_diloco(args, manager, model, inner, write, sent):
     write_final(write, manager, model)
 
 
+def train_plain_ddp(args):
+    """torch's own DistributedDataParallel over torchrun's ranks, no torchft: the same model,
+    batch, gloo and rows (rank r is "group" r), for what torchft's step costs over DDP's."""
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    rank, size = dist.get_rank(), dist.get_world_size()
+    model = make_model(args.seed, args.hidden)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    os.makedirs(args.rows, exist_ok=True)
+    try:
+        with open(os.path.join(args.rows, f"group{rank}.rank0.jsonl"), "a", buffering=1) as out:
+            for step in range(args.steps):
+                optimizer.zero_grad()
+                x, y = batch(args.seed, step, rank)
+                loss = ((ddp(x) - y) ** 2).mean()
+                loss.backward()                      # gloo's all-reduce of each bucket
+                optimizer.step()
+                out.write(json.dumps({"event": "step", "group": rank, "rank": 0,
+                                      "incarnation": 0, "time": time.time(), "step": step,
+                                      "participants": size, "committed": True,
+                                      "loss": loss.item(), "weights": digest(model)}) + "\n")
+                time.sleep(args.step_seconds)
+    finally:
+        dist.destroy_process_group()
+
+
 def write_final(write, manager, model):
     """The full parameters (FSDP2 gathers them inside the group) when the last step is done."""
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
     write("final", step=manager.current_step(), weights=digest(model),
           params=[p.detach().flatten().tolist() for p in full])
+
+
+def wait_for_a_peer(args, manager):
+    """A restarted group must heal from a live peer: alone at step 0 it would train the
+    steps the others committed a second time. It joins quorums for up to --linger seconds
+    until one has a peer (the heal happens in start_quorum), then refuses: exit status 1."""
+    incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if incarnation == 0 or args.groups < 2:
+        return
+    until = time.monotonic() + args.linger
+    while manager.num_participants() < 2 and manager.current_step() == 0:
+        if time.monotonic() >= until:
+            raise SystemExit(f"ft_train: group {args.group}, restarted (incarnation "
+                             f"{incarnation}), found no live peer to heal from in "
+                             f"{args.linger:g} s: it will not train from step 0 alone")
+        time.sleep(args.step_seconds)
+        manager.start_quorum()
 
 
 def stay_until_every_group_is_back(args, manager):
@@ -332,6 +391,14 @@ def from_env(name, default=None):
 
 def check(args, parser):
     """Every option checked before anything starts: one line, exit 2."""
+    if args.plain_ddp:
+        if args.steps < 1 or args.hidden < 1:
+            parser.error("--steps and --hidden must be at least 1")
+        if args.diloco or args.checkpoint_every:
+            parser.error("--plain-ddp runs plain DDP steps: no --diloco, no --checkpoint-every")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(args.rows))):
+            parser.error(f"--rows {args.rows}: no such directory")
+        return
     for option, value in (("--group", args.group), ("--groups", args.groups)):
         try:
             int(value)
@@ -396,13 +463,19 @@ def main(argv=None):
     parser.add_argument("--quorum-retries", type=int, default=3,
                         help="quorum requests tried again (a lighthouse restarting; default 3)")
     parser.add_argument("--linger", type=float, default=60.0,
-                        help="seconds to wait at the end for every group to be back (default 60)")
+                        help="seconds to wait at the end for every group to be back, and for "
+                        "a live peer when restarted (default 60)")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
+    parser.add_argument("--plain-ddp", action="store_true",
+                        help="torch's DDP over torchrun's ranks, no torchft (for comparison)")
     args = parser.parse_args(argv)
     check(args, parser)
     args.rank = int(os.environ.get("RANK", "0"))
-    train(args)
+    if args.plain_ddp:
+        train_plain_ddp(args)
+    else:
+        train(args)
 
 
 if __name__ == "__main__":

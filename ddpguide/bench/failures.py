@@ -8,6 +8,10 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
   workers killed; kill to the first epoch after the restart, less one ordinary epoch.
 - ``diloco_bytes_over_ddp_times_h``: bytes given to Manager.allreduce per inner step by
   DiLoCo with H = 4, over DDP's per step, times H.
+- ``ft_step_over_ddp_step``: ``ft_train.py``'s steady-state step time under torchft (2 groups
+  of 1, a quorum per step, the Manager's all-reduce waited inside the backward by the comm
+  hook, a commit vote) over the same program's ``--plain-ddp`` step (torch's DDP over
+  torchrun's 2 ranks): the same model, per-rank batch, gloo, no sleep, in the same run.
 - ``young_daly_best_interval_measured_over_predicted``: C measured (synchronous DCP save),
   failures and restarts on a simulated clock (``ddpguide.failures.cadence``).
 """
@@ -29,6 +33,8 @@ ANCHORS = {
     "torchrun_over_ft_recovery": ("torchrun_recovery_s / ft_recovery_s", "", ">= 5"),
     "diloco_bytes_over_ddp_times_h": ("DiLoCo's bytes per inner step / DDP's per step x H", "",
                                       "1.00 +- 0.01"),
+    "ft_step_over_ddp_step": ("ft_train.py's step under torchft / under torch's plain DDP "
+                              "(same model and batch, no sleep)", "torchft/ddp.py", ""),
     "young_daly_best_interval_measured_over_predicted": (
         "goodput-best checkpoint interval (simulated clock, C measured) / sqrt(2 C M)",
         "Young 1974, Daly 2006", "0.67-1.5"),
@@ -65,6 +71,12 @@ def per_sync(report: dict) -> tuple[float, float]:
     return last["bytes"] / syncs, last["calls"] / syncs
 
 
+def last_weights(report: dict) -> str:
+    """Group 0's weights digest after its last committed step."""
+    return max((r for r in report["step"] if r["group"] == 0 and r["committed"]),
+               key=lambda r: r["step"])["weights"]
+
+
 def run(quick: bool = False) -> Report:
     """Quick: the DiLoCo bytes and the checkpoint sweep (no torchrun run, one short kill run)."""
     from ddpguide.failures import cadence, runs
@@ -72,13 +84,23 @@ def run(quick: bool = False) -> Report:
     report = Report("failures")
     h = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="ddpguide-failures-") as tmp, \
-            tracked(report, total=5, unit="figure") as progress:
+            tracked(report, total=6, unit="figure") as progress:
         ddp = runs.run_ft(Path(tmp, "ddp"), steps=4 * h, min_replicas=2)
         diloco = runs.run_ft(Path(tmp, "diloco"), steps=4, min_replicas=2,
                              extra=("--diloco", str(h)))
         ratio = _bytes_per_inner_step(diloco, "inner") / _bytes_per_inner_step(ddp, "step") * h
         progress.advance("diloco bytes", [("diloco bytes per inner step over ddp's x H", ratio, "")])
         report.ratios["diloco_bytes_over_ddp_times_h"] = ratio
+
+        steps = 40 if quick else 200
+        ft_run = runs.run_ft(Path(tmp, "ft"), steps=steps, min_replicas=2, step_seconds=0.0)
+        plain = runs.run_plain_ddp(Path(tmp, "plain"), steps)
+        ft_step, ddp_step = seconds_per_step(ft_run), seconds_per_step(plain)
+        report.add("torchft step", ft_step, "s", steps=steps)
+        report.add("plain DDP step", ddp_step, "s", steps=steps,   # like for like: same weights
+                   same_weights=last_weights(ft_run) == last_weights(plain))
+        report.ratios["ft_step_over_ddp_step"] = ft_step / ddp_step
+        progress.advance("ft step over ddp step", [("ratio", ft_step / ddp_step, "")])
 
         killed = runs.run_ft(Path(tmp, "kill"), failures=1, seed=1, kinds=("kill",), steps=60)
         ft = statistics.median(runs.ft_lost_s(killed))

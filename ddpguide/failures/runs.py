@@ -33,6 +33,21 @@ def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
                    in_order=in_order)
 
 
+def run_plain_ddp(folder: Path, steps: int) -> dict:
+    """``torchrun --standalone --nproc-per-node=2 ft_train.py --plain-ddp`` (torch's DDP, no
+    torchft) in ``folder``, no step sleep: its step rows, shaped as a report's."""
+    from ddpguide.failures import engine
+    from ddpguide.launch.torchrun import run_torchrun
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ran = run_torchrun(["--standalone", "--nproc-per-node=2"], str(programs.path_of(PROGRAM)),
+                       ["--plain-ddp", "--rows", str(folder / "rows"), "--steps", str(steps),
+                        "--step-seconds", "0"], timeout=180)
+    if not ran.ok:
+        raise RuntimeError(f"plain DDP exited with {ran.returncode}:\n{ran.output[-2000:]}")
+    return {"inner": [], "step": [r for r in engine.read_rows(folder) if r["event"] == "step"]}
+
+
 def copied(folder: str | Path) -> Path:
     """A copy of ``ft_train.py`` alone in ``folder``, for runs started elsewhere (on the nodes
     of chapter 15's cluster)."""

@@ -14,6 +14,10 @@ def test_quick_mode_reports_the_ratios_with_their_anchors():
     assert ratios["diloco_bytes_over_ddp_times_h"] == 1.0
     assert 0.67 <= ratios["young_daly_best_interval_measured_over_predicted"] <= 1.5
     assert ratios["ft_recovery_s"] > 0
+    assert ratios["ft_step_over_ddp_step"] > 0   # both step times measured in this run
+    plain = next(m for m in report.measurements if m.name == "plain DDP step")
+    assert plain.details["same_weights"] is True   # torchft's DDP and torch's: bitwise equal
+    assert any(m.name == "torchft step" for m in report.measurements)
     assert "torchrun_recovery_s" not in ratios  # the full mode only
     assert set(ratios) <= set(appendix.ANCHORS["failures"])
 

@@ -21,6 +21,8 @@ PROGRAM_BAD = [
     (["--group", "2", "--groups", "2"], "--group 2 is not a group of --groups 2"),
     (["--group", "0", "--groups", "2", "--steps", "0"], "--steps and --hidden must be at least 1"),
     (["--group", "0", "--groups", "2"], "no lighthouse: give --lighthouse or set TORCHFT_LIGHTHOUSE"),
+    (["--plain-ddp", "--diloco", "2"], "--plain-ddp runs plain DDP steps: no --diloco, no "
+     "--checkpoint-every"),
 ]
 
 
