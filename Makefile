@@ -22,7 +22,7 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 LAB_ARGS ?=
 
 .PHONY: help install slurm-packages book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
-	render linkcheck test-browser test-lab lab bench gpu-check gpu-sim clean
+	render linkcheck test-browser test-lab lab bench gpu-check gpu-sim gpu-sim-chapters clean
 
 help:
 	@echo "make book        install (into $(VENV)) and build the HTML book in _build/html"
@@ -70,6 +70,7 @@ book: $(STAMP) $(BOOK_JS)
 test: $(STAMP)
 	$(MAKE) --no-print-directory test-package
 	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory gpu-sim-chapters
 	$(MAKE) --no-print-directory render
 	$(MAKE) --no-print-directory linkcheck
 	$(MAKE) --no-print-directory test-browser
@@ -151,6 +152,11 @@ GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel
 	book/12_mixture_of_experts.ipynb
 gpu-sim: $(STAMP)
 	$(PY) -m pytest tests/gpusim -n $(TEST_WORKERS) --dist loadgroup -q
+	$(MAKE) --no-print-directory gpu-sim-chapters
+
+# The chapters alone (`make test` runs tests/gpusim in test-package, then these); nbmake
+# executes them without writing their outputs.
+gpu-sim-chapters: $(STAMP)
 	DDPGUIDE_SIMULATE_GPUS=2 PYTHONPATH=$(CURDIR)/ddpguide/core/gpusim_site:$(CURDIR) \
 	  $(PY) -m pytest --nbmake --nbmake-timeout=600 $(GPU_SIM_CHAPTERS) -n $(CHAPTER_WORKERS) -q
 
