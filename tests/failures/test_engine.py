@@ -97,9 +97,13 @@ def test_nothing_is_left_running_when_the_engine_is_killed(sig, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ft_hsdp_groups_survive_a_kill(tmp_path):
     """Groups of two ranks (FSDP2 inside); one rank killed: torchrun restarts its group whole,
-    both its ranks heal from the other group's, and every invariant holds."""
+    both its ranks heal from the other group's, and every invariant holds.
+
+    Slow, and not yet reliable under load: alone it passes in about 40 s; run beside chapter
+    17 it once took 181 s and failed its invariants (cause not yet found)."""
     report = runs.run_ft(tmp_path / "run", failures=1, seed=2, kinds=("kill",), groups=2,
                          group_size=2, steps=300, step_seconds=0.05)
     assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
