@@ -101,7 +101,9 @@ def test_a_rank_that_cannot_be_reaped_is_left_behind_in_bounded_time(tmp_path, m
     The stop gives up after REAP_S, names it, and returns."""
     monkeypatch.setattr(ranks, "REAP_S", 1.0)
     with ranks.Ranks(workdir=tmp_path, separate_errors=True) as group:
-        group.start(shell("sleep 60"))
+        # sleep itself, not a shell around it: a shell that outlives its killed child prints
+        # "Killed" into the rank's error log, before the runner's own line
+        group.start(ranks.Command(["sleep", "60"]))
         process = group.processes[0]
         pid = process.pid
 
