@@ -9,7 +9,7 @@ EXECUTE ?= force
 # NB_OVERWRITE=1 makes nbmake execute the chapters in book/ itself and write their outputs
 # there (CI clones only).
 NB_OVERWRITE ?=
-NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 --timeout=900 --overwrite
+NBMAKE_FLAGS := --nbmake --nbmake-timeout=600 --timeout=900 --overwrite --durations=0
 # The folder `make book` builds from: `.` (book/ itself) or a copy of the sources.
 BOOK_SRC ?= .
 # Where `make test` executes the chapters and renders them from: book/ itself with
@@ -158,7 +158,7 @@ gpu-sim: $(STAMP)
 # executes them without writing their outputs.
 gpu-sim-chapters: $(STAMP)
 	DDPGUIDE_SIMULATE_GPUS=2 PYTHONPATH=$(CURDIR)/ddpguide/core/gpusim_site:$(CURDIR) \
-	  $(PY) -m pytest --nbmake --nbmake-timeout=600 $(GPU_SIM_CHAPTERS) -n $(CHAPTER_WORKERS) -q
+	  $(PY) -m pytest --nbmake --nbmake-timeout=600 --durations=0 $(GPU_SIM_CHAPTERS) -n $(CHAPTER_WORKERS) -q
 
 clean:
 	rm -rf _build _executed
