@@ -80,7 +80,7 @@ test: $(STAMP)
 # tests run in one worker (tests/worker_groups.py); TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 test-package: $(STAMP)
-	$(PY) -m pytest tests --ignore=tests/browser --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest tests --ignore=tests/browser --durations=60 -n $(TEST_WORKERS) --dist loadgroup
 
 # Every package test that starts no process: no process group, no subprocess. A test that
 # starts one is marked `multiprocess` (tests/process_marks.py) and left out here.
