@@ -233,45 +233,99 @@ def activations(m: Model, lay: Layout, pol: Policy, rows: int, seq: int, stage: 
     total = -(-m.layers // lay.pp) * per_block
     if stage == 0:
         total += rows * seq * 8  # the token ids
-    if stage == lay.pp - 1:  # the final norm and its rstd, the log-softmax, the loss
-        vocab = m.vocab // t if lay.loss_parallel else m.vocab
-        total += norm + rows * seq // t * F + (rows * seq * vocab + 1) * F
-    return total
+    return total + head(m, lay, pol, rows, seq, stage)
+
+
+def head(m: Model, lay: Layout, pol: Policy, rows: int, seq: int, stage: int) -> float:
+    """What autograd keeps of the last stage's end: the final norm and its rstd, the log-softmax
+    of the logits (float32 at least; 1/t of them under loss_parallel), the loss."""
+    if stage != lay.pp - 1:
+        return 0
+    t, B = lay.tp, pol.compute
+    F, x = max(B, 4), rows * seq * m.dim
+    norm = (x // t * B if pol.fused else 2 * x // t * F) + x * B
+    vocab = m.vocab // t if lay.loss_parallel else m.vocab
+    return norm + rows * seq // t * F + (rows * seq * vocab + 1) * F
+
+
+def root_parameters(m: Model, lay: Layout, stage: int) -> int:
+    """Elements of a stage's parameters outside its blocks: the embedding, the final norm, an
+    untied output layer (FSDP's root group)."""
+    last = stage == lay.pp - 1
+    return m.vocab // lay.tp * m.dim * ((stage == 0 or (last and m.tied)) + (last and not m.tied)) + m.dim * last
 
 
 def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int = 0) -> dict:
-    """Bytes one rank holds at its peak, by component."""
+    """Bytes one rank holds, by component, each at its largest during a step (at_peak: the ones
+    alive at once). fsdp_unsharded: FSDP's gathered weights as the backward starts (the root's
+    own, never resharded, and the block in use; a pipeline keeps the stage gathered, gradients
+    too); communication: DDP's buckets (a copy of every gradient) or FSDP's prefetched
+    all-gather of the next block; temporaries: the gradient of the logits and of their
+    log-softmax."""
     at = coordinates(lay, rank)
     stage = at["pp"]
     dense_n = lay.dp_shard * lay.cp * lay.ep if fsdp_on(lay) else 1
     dense_i = (at["dp_shard"] * lay.cp + at["cp"]) * lay.ep + at["ep"] if fsdp_on(lay) else 0
     exp_n = lay.dp_shard * lay.cp if fsdp_on(lay) else 1
     exp_i = at["dp_shard"] * lay.cp + at["cp"] if fsdp_on(lay) else 0
-    params, count, whole_block, whole = 0, 0, 0, 0
+    params, count, whole = 0, 0, 0
     for r, c, kind in stage_parameters(m, lay, stage):
         n, i = (exp_n, exp_i) if kind == "expert" else (dense_n, dense_i)
         params += shards(r, n, i) * c
         whole += r * c
         count += 1
     per = -(-m.layers // lay.pp)  # the busiest stage's blocks
-    whole_block = (whole - (m.vocab // lay.tp * m.dim) * (1 + (not m.tied and stage == lay.pp - 1))) / per
+    root = root_parameters(m, lay, stage)
+    block = (whole - root) / per
     rows = batch // lay.data_parallel // lay.passes
     act = in_flight(lay, stage) * activations(m, lay, pol, rows, seq // lay.cp, stage, at["cp"])
     split = lay.dp_replicate if lay.zero and dense_n == 1 else 1  # ZeRO-1 (no axis shards the weights)
     out = {"parameters": params * pol.param, "gradients": params * pol.param,
            "optimizer": (2 * params / split + count) * pol.state,  # AdamW's two moments, a step counter each
            "activations": act}
-    unsharded = 0.0
+    unsharded, buffers = 0.0, 0.0
     if fsdp_on(lay) and dense_n > 1:
         if lay.pp > 1:  # reshard_after_forward=False: the stage stays gathered, grads too
             unsharded = whole * (pol.compute + pol.reduce)
-        else:  # the block in use and the next (prefetch), parameters and gradients
-            unsharded = 2 * whole_block * (pol.compute + pol.reduce)
+        else:  # the root's weights and the block in use; the next block's all-gather
+            unsharded, buffers = (root + block) * pol.compute, block * pol.compute * (per > 1)
+    elif lay.dp_replicate > 1 and not fsdp_on(lay):
+        buffers = params * pol.param  # DDP's buckets
     out["fsdp_unsharded"] = unsharded
     if pol.compute != pol.param and not fsdp_on(lay):
         out["fsdp_unsharded"] = whole * pol.compute  # a low-precision copy of the weights
-    out["communication"] = 0 if lay.world == 1 else min(25 * 2**20, params * pol.reduce) * 2
+    out["communication"] = buffers
+    vocab = m.vocab // lay.tp if lay.loss_parallel else m.vocab
+    out["temporaries"] = 2 * rows * seq // lay.cp * vocab * max(pol.compute, 4) * (stage == lay.pp - 1)
     return out
+
+
+def at_peak(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int = 0) -> dict:
+    """The components of memory(...) alive at once at the rank's peak: the largest of three
+    moments of the step. Gradients are alive before the optimizer's step only when several
+    micro-batches accumulate them (zero_grad sets them to None).
+    - The loss's backward: the activations, the two logits-sized gradients, the root's gathered
+      weights (the blocks are resharded after their forward), DDP's buckets.
+    - FSDP's last block's backward: the head's activations freed, the root's unsharded gradient
+      (reduce-scattered when the whole backward ends), the block in use and the next one's
+      all-gather, one logits-sized gradient.
+    - The optimizer's step: weights, gradients, AdamW state, DDP's buckets."""
+    mem = memory(m, lay, pol, batch, seq, rank)
+    stage = coordinates(lay, rank)["pp"]
+    rows = batch // lay.data_parallel // lay.passes
+    alive = {"parameters": mem["parameters"], "gradients": mem["gradients"] * (lay.passes > 1),
+             "optimizer": mem["optimizer"], "activations": mem["activations"]}
+    ddp = 0 if fsdp_on(lay) else mem["communication"]
+    gathered = mem["fsdp_unsharded"]
+    prefetch = fsdp_on(lay) and lay.pp == 1 and mem["communication"] > 0  # blocks resharded after forward
+    root = root_parameters(m, lay, stage) * pol.compute if prefetch else gathered
+    moments = [dict(alive, fsdp_unsharded=root, communication=ddp, temporaries=mem["temporaries"]),
+               {k: mem[k] for k in ("parameters", "gradients", "optimizer")} | {"communication": ddp}]
+    if prefetch:
+        moments.append(dict(alive, activations=mem["activations"] - head(m, lay, pol, rows, seq // lay.cp, stage),
+                            fsdp_unsharded=gathered + root / pol.compute * pol.reduce,
+                            communication=mem["communication"], temporaries=mem["temporaries"] / 2))
+    return max(moments, key=lambda parts: sum(parts.values()))
 
 
 def ring(kind: str, n: int, gloo: bool = False) -> tuple:

@@ -276,9 +276,15 @@ def stage_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Polic
     return [plan_cost.memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
-def peak_memory(mems: list) -> float:
-    """What one GPU must hold: the largest of the stages' busiest ranks (``stage_memory``)."""
-    return max(sum(x.values()) for x in mems)
+def stage_peaks(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int) -> list:
+    """The simultaneous peak (plan_cost.at_peak) of each stage's busiest rank, as ``stage_memory``."""
+    per_stage = lay.world // lay.pp
+    return [plan_cost.at_peak(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
+
+
+def peak_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int) -> float:
+    """What one GPU must hold: the largest of the stages' simultaneous peaks."""
+    return max(sum(x.values()) for x in stage_peaks(m, lay, pol, batch, seq))
 
 
 def predict(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
@@ -289,7 +295,8 @@ def predict(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw
     s = step(m, lay, pol, hw, batch, seq)
     peak = hw.peak_float8 if pol.float8 and hw.peak_float8 else hw.peak
     tokens = batch * seq / s["total"] / lay.world
-    return {"memory": mems, "peak_memory": peak_memory(mems), "step": s,
+    alive = stage_peaks(m, lay, pol, batch, seq)
+    return {"memory": mems, "at_peak": alive, "peak_memory": max(sum(x.values()) for x in alive), "step": s,
             "tokens_per_gpu": tokens, "mfu": flops(m, batch, seq) / s["total"] / lay.world / hw.peak,
             "peak_used": peak}
 

@@ -153,7 +153,7 @@ def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) ->
 def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
     """Whether the layout's busiest rank fits (the memory half of ``predict`` alone), to skip
     the step's prediction of a layout that cannot be chosen."""
-    return search.margin(p.peak_memory(p.stage_memory(model, layout, _policy(p), batch, seq)), hw) >= 0
+    return search.margin(p.peak_memory(model, layout, _policy(p), batch, seq), hw) >= 0
 
 
 def playbook(p: ModuleType, catalog: ModuleType, sheet: str = "H100-playbook") -> list[dict]:

@@ -65,3 +65,11 @@ def peak(axes: dict, config: dict, seq: int, batch: int, timeout: float = 300.0)
         world *= size
     return spawn(_worker, world, axes, config, seq, batch, timeout, timeout=timeout, threads_per_rank=1,
                  echo=False)
+
+
+def predicted_over_tracked(p, model, layout, policy, seq: int, batch: int, snaps: list[dict]) -> float:
+    """The planner's simultaneous peak (``at_peak`` of ``memory``) at its busiest rank over the
+    largest peak torch's tracker saw at any rank (``peak``'s snapshots of the same layout)."""
+    predicted = max(sum(p.at_peak(model, layout, policy, batch, seq, r).values())
+                    for r in range(layout.world))
+    return predicted / max(s["Total"] for s in snaps)

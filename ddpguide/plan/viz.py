@@ -15,7 +15,8 @@ from ddpguide.plan import catalog, published, search
 from ddpguide.plan.hardware import named
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
-           "activations": "#c44e52", "fsdp_unsharded": "#8172b3", "communication": "#937860"}
+           "activations": "#c44e52", "fsdp_unsharded": "#8172b3", "communication": "#937860",
+           "temporaries": "#da8bc3"}
 
 
 def _bar(memory: dict[str, float], limit: float, width: int = 260) -> str:
@@ -35,7 +36,7 @@ def ranked_html(rows: list[dict[str, Any]], hw: Any, top: int = 8) -> str:
     head = ("layout", "memory a GPU (GiB)", "", "step (s)", "compute", "exposed comm.", "tokens/s a GPU", "MFU")
     out = ['<table style="font-size:0.85em"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for r in rows[:top]:
-        worst = max(r["memory"], key=lambda m: sum(m.values()))
+        worst = max(r["at_peak"], key=lambda m: sum(m.values()))
         s = r["step"]
         cells = (html.escape(r["name"]) + ("" if r["fits"] else " (too big)"),
                  f"{r['peak_memory'] * r['headroom'] / 2**30:.3g} of {hw.memory / 2**30:.3g}", _bar(worst, hw.memory),
