@@ -1,0 +1,172 @@
+"""Which of the book's programs ran as a reader types them: the check of the runner's records.
+
+Every command the runner execs is recorded while :data:`~ddpguide.launch.starts.RAN_VARIABLE`
+names a folder (:mod:`ddpguide.launch.starts`); a record is a start of a program when one of
+the files it names is, byte for byte, a program of ``book/programs/``. Forked ranks
+(:mod:`ddpguide.launch.forked`) are not typed and are not recorded.
+
+Checking: ``python -m ddpguide.launch.ran FOLDER`` reads the first command of each program's
+``Run:`` line (continued by a trailing backslash, ended by two spaces: what follows is a
+comment) and exits 1, one line per program, when no record holds exactly that command; a
+program whose docstring has no ``Run:`` line is not checked. A variable the line sets
+(``NAME=value`` in front) must be one the runner set for the command, with that value. What
+must differ between a
+reader's terminal and a test is normalised on both sides, and nothing else:
+
+* ``--option=value`` is the two words ``--option value``;
+* the interpreter is ``python``; ``python -m torch.distributed.run`` is ``torchrun``;
+* the program's path is its file name (the reader runs it from its folder);
+* a ``HOST:PORT`` word has its port replaced by ``PORT`` (tests take free ports);
+* an absolute path is relative to the command's folder when inside it, else its file name
+  (a test's temporary folder); ``$PWD/`` in what the reader types is the command's folder;
+* torchrun's ``--log-dir`` the runner adds (:meth:`torchrun.Agent.argv`, first among
+  torchrun's options; torchrun takes the last one given) is left out: every ``--log-dir``
+  but the last, and the last too when it is outside the command's folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import sys
+import tokenize
+from pathlib import Path
+from typing import Sequence
+
+from ddpguide.launch.programs import PROGRAMS
+from ddpguide.launch.starts import RAN_VARIABLE
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_HOST_PORT = re.compile(r"^([\w.\-\[\]]+):\d+$")
+
+
+@functools.cache
+def _paths() -> dict[str, Path]:
+    """Every program: its path below ``book/programs`` -> its file."""
+    return {path.relative_to(PROGRAMS).as_posix(): path for path in sorted(PROGRAMS.rglob("*.py"))}
+
+
+@functools.cache
+def _programs() -> dict[str, str]:
+    """The SHA-256 of every program's bytes -> its path below ``book/programs``."""
+    return {hashlib.sha256(path.read_bytes()).hexdigest(): name for name, path in _paths().items()}
+
+
+def _inside(path: str, cwd: str) -> bool:
+    relative = os.path.relpath(path, cwd) if os.path.isabs(path) and cwd else path
+    return not (os.path.isabs(relative) or relative == ".." or relative.startswith("../"))
+
+
+def _word(word: str, cwd: str) -> str:
+    if word.startswith("$PWD/"):
+        return word.removeprefix("$PWD/")
+    if os.path.isabs(word):
+        return os.path.relpath(word, cwd) if cwd and _inside(word, cwd) else Path(word).name
+    return _HOST_PORT.sub(r"\1:PORT", word)
+
+
+def words(argv: Sequence[str], cwd: str | os.PathLike | None = None,
+          program: str | None = None) -> list[str]:
+    """``argv`` as the words a reader types, normalised as the module's docstring says;
+    ``program``: the word that is the program's path, replaced by its file name."""
+    cwd = str(cwd or "")
+    split: list[str] = []
+    for word in argv:
+        split += word.split("=", 1) if word.startswith("--") and "=" in word else [word]
+    if split and (split[0] == sys.executable or Path(split[0]).name.startswith("python")):
+        split[0] = "python"
+        if split[1:3] == ["-m", "torch.distributed.run"]:
+            split = ["torchrun", *split[3:]]
+    if split[:1] == ["torchrun"]:
+        end = split.index(program) if program in split else len(split)
+        logs = [i for i in range(1, end - 1) if split[i] == "--log-dir"]
+        drop = set(logs[:-1]) | {i for i in logs[-1:] if not _inside(split[i + 1], cwd)}
+        split = [w for i, w in enumerate(split) if i not in drop and i - 1 not in drop]
+    return [Path(w).name if w == program else _word(w, cwd) for w in split]
+
+
+def _raw_docstring(path: Path) -> str:
+    """The program's docstring as written (backslashes kept: a continued line ends in one)."""
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if token.type == tokenize.STRING:
+            return token.string
+        if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING):
+            return ""
+    return ""
+
+
+def run_line(name: str) -> tuple[list[str], list[str]] | None:
+    """The first command of program ``name``'s ``Run:`` line: the variables it sets
+    (``NAME=value``) and its normalised words; None without a ``Run:`` line."""
+    lines = _raw_docstring(_paths()[name]).splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("Run:")), None)
+    if start is None:
+        return None
+    text = lines[start].lstrip().removeprefix("Run:").strip()
+    for line in lines[start + 1:]:
+        if not text.endswith("\\"):
+            break
+        text = text[:-1].rstrip() + " " + line.strip()
+    command = shlex.split(re.split(r"\s{2,}", text.strip())[0])
+    assignments = [w for w in command if _ASSIGNMENT.match(w)]
+    rest = command[len(assignments):] if command[:len(assignments)] == assignments else command
+    return [a.partition("=")[0] + "=" + _word(a.partition("=")[2], "") for a in assignments], \
+        words(rest, program=Path(name).name)
+
+
+def records(folder: str | os.PathLike) -> list[dict]:
+    """Every start of a program recorded in ``folder``: the record, with ``program`` (its path
+    below ``book/programs``) and ``words`` (the command as a reader's words) added."""
+    found = []
+    for path in sorted(Path(folder).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            start = json.loads(line) if line.endswith("}") else {"files": {}}
+            word = next((w for w, digest in start["files"].items() if digest in _programs()), None)
+            if word is not None:
+                found.append({**start, "program": _programs()[start["files"][word]],
+                              "words": words(start["argv"], start["cwd"], word)})
+    return found
+
+
+def not_run_as_typed(folder: str | os.PathLike, programs: Sequence[str] | None = None) -> list[str]:
+    """One line for each program (``programs``: those, else every program with a ``Run:`` line)
+    that no record in ``folder`` shows run with its ``Run:`` line's command."""
+    ran = records(folder)
+    problems = []
+    for name in programs if programs is not None else _paths():
+        typed = run_line(name)
+        if typed is None:
+            continue
+        env, command = typed
+        wanted = dict(a.split("=", 1) for a in env)
+        starts = [r for r in ran if r["program"] == name]
+        if any(r["words"] == command and all(_word(r["env"].get(k, ""), r["cwd"]) == v for k, v in wanted.items())
+               for r in starts):
+            continue
+        shown = " ".join([*env, *command])
+        closest = f"; it ran as: {' '.join(starts[0]['words'])}" if starts else "; it never ran"
+        problems.append(f"{name}: never ran as its Run: line types it ({shown}){closest}")
+    return problems
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print(f"usage: python -m ddpguide.launch.ran FOLDER (the folder {RAN_VARIABLE} named)"
+              + (f": no folder {args[0]}" if len(args) == 1 else ""), file=sys.stderr)
+        return 2
+    problems = not_run_as_typed(args[0])
+    for line in problems:
+        print(line, file=sys.stderr)
+    print(f"{len(records(args[0]))} program starts recorded; "
+          f"{len(problems)} program(s) never ran as typed", file=sys.stderr if problems else sys.stdout)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
