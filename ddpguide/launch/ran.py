@@ -28,21 +28,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import os
-import re
-import shlex
 import sys
-import tokenize
 from pathlib import Path
 from typing import Sequence
 
+from ddpguide.launch import starts
 from ddpguide.launch.programs import PROGRAMS
 from ddpguide.launch.starts import RAN_VARIABLE
-
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_HOST_PORT = re.compile(r"^([\w.\-\[\]]+):\d+$")
 
 
 @functools.cache
@@ -57,68 +51,6 @@ def _programs() -> dict[str, str]:
     return {hashlib.sha256(path.read_bytes()).hexdigest(): name for name, path in _paths().items()}
 
 
-def _inside(path: str, cwd: str) -> bool:
-    relative = os.path.relpath(path, cwd) if os.path.isabs(path) and cwd else path
-    return not (os.path.isabs(relative) or relative == ".." or relative.startswith("../"))
-
-
-def _word(word: str, cwd: str) -> str:
-    if word.startswith("$PWD/"):
-        return word.removeprefix("$PWD/")
-    if os.path.isabs(word):
-        return os.path.relpath(word, cwd) if cwd and _inside(word, cwd) else Path(word).name
-    return _HOST_PORT.sub(r"\1:PORT", word)
-
-
-def words(argv: Sequence[str], cwd: str | os.PathLike | None = None,
-          program: str | None = None) -> list[str]:
-    """``argv`` as the words a reader types, normalised as the module's docstring says;
-    ``program``: the word that is the program's path, replaced by its file name."""
-    cwd = str(cwd or "")
-    split: list[str] = []
-    for word in argv:
-        split += word.split("=", 1) if word.startswith("--") and "=" in word else [word]
-    if split and (split[0] == sys.executable or Path(split[0]).name.startswith("python")):
-        split[0] = "python"
-        if split[1:3] == ["-m", "torch.distributed.run"]:
-            split = ["torchrun", *split[3:]]
-    if split[:1] == ["torchrun"]:
-        end = split.index(program) if program in split else len(split)
-        logs = [i for i in range(1, end - 1) if split[i] == "--log-dir"]
-        drop = set(logs[:-1]) | {i for i in logs[-1:] if not _inside(split[i + 1], cwd)}
-        split = [w for i, w in enumerate(split) if i not in drop and i - 1 not in drop]
-    return [Path(w).name if w == program else _word(w, cwd) for w in split]
-
-
-def _raw_docstring(path: Path) -> str:
-    """The program's docstring as written (backslashes kept: a continued line ends in one)."""
-    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-        if token.type == tokenize.STRING:
-            return token.string
-        if token.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENCODING):
-            return ""
-    return ""
-
-
-def run_line(name: str) -> tuple[list[str], list[str]] | None:
-    """The first command of program ``name``'s ``Run:`` line: the variables it sets
-    (``NAME=value``) and its normalised words; None without a ``Run:`` line."""
-    lines = _raw_docstring(_paths()[name]).splitlines()
-    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("Run:")), None)
-    if start is None:
-        return None
-    text = lines[start].lstrip().removeprefix("Run:").strip()
-    for line in lines[start + 1:]:
-        if not text.endswith("\\"):
-            break
-        text = text[:-1].rstrip() + " " + line.strip()
-    command = shlex.split(re.split(r"\s{2,}", text.strip())[0])
-    assignments = [w for w in command if _ASSIGNMENT.match(w)]
-    rest = command[len(assignments):] if command[:len(assignments)] == assignments else command
-    return [a.partition("=")[0] + "=" + _word(a.partition("=")[2], "") for a in assignments], \
-        words(rest, program=Path(name).name)
-
-
 def records(folder: str | os.PathLike) -> list[dict]:
     """Every start of a program recorded in ``folder``: the record, with ``program`` (its path
     below ``book/programs``) and ``words`` (the command as a reader's words) added."""
@@ -129,7 +61,7 @@ def records(folder: str | os.PathLike) -> list[dict]:
             word = next((w for w, digest in start["files"].items() if digest in _programs()), None)
             if word is not None:
                 found.append({**start, "program": _programs()[start["files"][word]],
-                              "words": words(start["argv"], start["cwd"], word)})
+                              "words": starts.words(start["argv"], start["cwd"], word)})
     return found
 
 
@@ -139,17 +71,15 @@ def not_run_as_typed(folder: str | os.PathLike, programs: Sequence[str] | None =
     ran = records(folder)
     problems = []
     for name in programs if programs is not None else _paths():
-        typed = run_line(name)
+        typed = starts.run_line(_paths()[name])
         if typed is None:
             continue
         env, command = typed
-        wanted = dict(a.split("=", 1) for a in env)
-        starts = [r for r in ran if r["program"] == name]
-        if any(r["words"] == command and all(_word(r["env"].get(k, ""), r["cwd"]) == v for k, v in wanted.items())
-               for r in starts):
+        of_it = [r for r in ran if r["program"] == name]
+        if any(starts.is_run_line(_paths()[name], r["argv"], r["env"], r["cwd"]) for r in of_it):
             continue
         shown = " ".join([*env, *command])
-        closest = f"; it ran as: {' '.join(starts[0]['words'])}" if starts else "; it never ran"
+        closest = f"; it ran as: {' '.join(of_it[0]['words'])}" if of_it else "; it never ran"
         problems.append(f"{name}: never ran as its Run: line types it ({shown}){closest}")
     return problems
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpguide.launch import ran, ranks, starts
+from ddpguide.launch import programs, ran, ranks, starts
 from ddpguide.launch.programs import copy_program
 
 pytestmark = pytest.mark.multiprocess
@@ -48,7 +48,7 @@ def test_a_start_as_typed_is_recorded_and_passes_the_check(records, tmp_path):
 
 
 def test_ports_and_paths_outside_the_folder_are_normalised_and_nothing_else():
-    assert ran.words(["torchrun", "--rdzv-endpoint=node0:41234", "--standalone", "/tmp/x/train.py",
+    assert starts.words(["torchrun", "--rdzv-endpoint=node0:41234", "--standalone", "/tmp/x/train.py",
                       "--report", "/tmp/x/out/r.json", "--save", "/elsewhere/ckpt", "--lr=0.1"],
                      "/tmp/x", "/tmp/x/train.py") == [
         "torchrun", "--rdzv-endpoint", "node0:PORT", "--standalone", "train.py", "--report", "out/r.json",
@@ -96,3 +96,19 @@ def test_an_edited_copy_is_no_start_of_the_program_and_nothing_is_written_withou
     monkeypatch.delenv(starts.RAN_VARIABLE)
     start("ring_allreduce.py", [sys.executable, "{}"], tmp_path / "h")
     assert list(records.iterdir()) == [written] and len(written.read_text().splitlines()) == 1
+
+
+def test_the_run_line_runs_typed_under_typed_once_whatever_ran_before(monkeypatch, tmp_path):
+    monkeypatch.setattr(programs, "TYPED", {"ddp_spawn.py"})  # it has run typed once already
+    monkeypatch.setattr(programs, "RUN_LINES", set())
+    assert programs.launch_of("ddp_spawn.py", "typed-once") == "warm"
+    assert programs.launch_of("ddp_spawn.py", "typed-once", run_line=True) == "typed"
+    programs.RUN_LINES.add("ddp_spawn.py")
+    assert programs.launch_of("ddp_spawn.py", "typed-once", run_line=True) == "warm"
+    assert programs.launch_of("ddp_spawn.py", "warm", run_line=True) == "warm"
+    spawn = programs.path_of("ddp_spawn.py")
+    assert starts.is_run_line(spawn, ["python", "ddp_spawn.py"], {}, str(tmp_path))
+    assert not starts.is_run_line(spawn, ["python", "ddp_spawn.py", "--epochs", "1"], {}, str(tmp_path))
+    desync, typed = programs.path_of("debug/desync.py"), ["torchrun", "--standalone", "--nproc-per-node=2", "desync.py"]
+    assert starts.is_run_line(desync, typed, {"TORCH_FR_DUMP_TEMP_FILE": f"{tmp_path}/fr/rank_"}, str(tmp_path))
+    assert not starts.is_run_line(desync, typed, {}, str(tmp_path))
