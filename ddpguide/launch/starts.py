@@ -8,6 +8,10 @@ share one) with the command's words (not its prefix, such as ``ip netns exec``),
 the SHA-256 of each ``.py`` file it names (which program it is, the check decides: an edited
 copy is not the program), the variables the runner set for it beyond its own environment, and
 who ran it (the test, under pytest). Without the variable nothing is read or written.
+
+:func:`run_line` reads a program's ``Run:`` line, :func:`words` normalises a command and
+:func:`is_run_line` compares the two (the rules: :mod:`ddpguide.launch.ran`), here, below
+:mod:`ddpguide.launch.programs`, whose ``typed-once`` launch runs that line typed.
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def _word(word: str, cwd: str) -> str:
 
 def words(argv: Sequence[str], cwd: str | os.PathLike | None = None,
           program: str | None = None) -> list[str]:
-    """``argv`` as the words a reader types, normalised as the module's docstring says;
+    """``argv`` as the words a reader types, normalised as :mod:`ddpguide.launch.ran` says;
     ``program``: the word that is the program's path, replaced by its file name."""
     cwd = str(cwd or "")
     split: list[str] = []
