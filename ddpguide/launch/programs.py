@@ -175,7 +175,7 @@ def launch_of(name: str, launch: str | None = None, run_line: bool = False) -> s
     :data:`LAUNCH`); whoever runs it typed adds it to :data:`TYPED`. Under ``"typed-once"``
     the command of the program's ``Run:`` line (``run_line``) runs typed too, the first time
     it comes, whatever ran before it, so that ``make test``'s check that each program ran as
-    its ``Run:`` line types it (:mod:`ddpguide.launch.ran`) does not hang on the tests' order."""
+    its ``Run:`` line types it (:mod:`ddpguide.launch.ran`) does not depend on the tests' order."""
     launch = LAUNCH if launch is None else launch
     if launch not in LAUNCHES:
         raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, got {launch!r}")
@@ -202,10 +202,10 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     status 0, read if present after another.
     """
     source = path_of(name)
-    folder = Path(workdir) if workdir else scratch.folder("ddpguide-program-")
     command = [*launcher, source.name, *args, *(("--report", REPORT) if report else ())]
-    run_line = starts.is_run_line(source, command, env or {}, str(folder))
+    run_line = starts.is_run_line(source, command, env or {}, str(workdir or ""))
     launch = launch_of(name, launch, run_line)
+    folder = Path(workdir) if workdir else scratch.folder("ddpguide-program-")
     copy_program(name, folder)
     report_path = folder / REPORT
     report_path.unlink(missing_ok=True)  # a report from an earlier run in this folder is not this one's
