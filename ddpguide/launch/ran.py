@@ -21,7 +21,8 @@ reader's terminal and a test is normalised on both sides, and nothing else:
   (a test's temporary folder); ``$PWD/`` in what the reader types is the command's folder;
 * torchrun's ``--log-dir`` the runner adds (:meth:`torchrun.Agent.argv`, first among
   torchrun's options; torchrun takes the last one given) is left out: every ``--log-dir``
-  but the last, and the last too when it is outside the command's folder.
+  but the last; a ``--log-dir`` given once is left out when it is outside the command's
+  folder (the runner's; the reader's own follows it and counts, as a path above).
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def words(argv: Sequence[str], cwd: str | os.PathLike | None = None,
     if split[:1] == ["torchrun"]:
         end = split.index(program) if program in split else len(split)
         logs = [i for i in range(1, end - 1) if split[i] == "--log-dir"]
-        drop = set(logs[:-1]) | {i for i in logs[-1:] if not _inside(split[i + 1], cwd)}
+        # the runner's comes first (torchrun.Agent.argv); alone, it is the one outside the folder
+        drop = set(logs[:-1]) | {i for i in logs if len(logs) == 1 and not _inside(split[i + 1], cwd)}
         split = [w for i, w in enumerate(split) if i not in drop and i - 1 not in drop]
     return [Path(w).name if w == program else _word(w, cwd) for w in split]
 

@@ -56,9 +56,12 @@ def test_ports_and_paths_outside_the_folder_are_normalised_and_nothing_else():
 
 
 def test_the_reader_s_own_log_dir_and_variables_count(records, tmp_path):
-    start("debug/crashing_worker.py", [*TORCHRUN, "--log-dir", "/elsewhere/logs", "--standalone",
-                                       "--nproc-per-node", "2", "--log-dir", "logs", "--redirects", "3",
-                                       "--tee", "1", "--local-ranks-filter", "1", "{}"], tmp_path / "c")
+    crash = [*TORCHRUN, "--log-dir", "/elsewhere/logs", "--standalone", "--nproc-per-node", "2", "--log-dir",
+             "LOGS", "--redirects", "3", "--tee", "1", "--local-ranks-filter", "1", "{}"]
+    start("debug/crashing_worker.py", [w.replace("LOGS", "other") for w in crash], tmp_path / "b")
+    assert ran.not_run_as_typed(records, ["debug/crashing_worker.py"]) != []
+    # the reader's own --log-dir, after the runner's, counts wherever it lies
+    start("debug/crashing_worker.py", [w.replace("LOGS", str(tmp_path / "logs")) for w in crash], tmp_path / "c")
     assert ran.not_run_as_typed(records, ["debug/crashing_worker.py"]) == []
     typed = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "{}"]
     start("debug/desync.py", typed, tmp_path / "d", {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "d" / "frx")})
