@@ -76,11 +76,15 @@ def not_run_as_typed(folder: str | os.PathLike, programs: Sequence[str] | None =
         if typed is None:
             continue
         env, command = typed
+        names = [a.partition("=")[0] for a in env]
         of_it = [r for r in ran if r["program"] == name]
         if any(starts.is_run_line(_paths()[name], r["argv"], r["env"], r["cwd"]) for r in of_it):
             continue
         shown = " ".join([*env, *command])
-        closest = f"; it ran as: {' '.join(of_it[0]['words'])}" if of_it else "; it never ran"
+        near = [r for r in of_it if r["words"] == command] or of_it  # the variables differ, else all
+        closest = "; it never ran" if not near else "; it ran as: " + " ".join(
+            [*(f"{k}={starts.normalised(near[0]['env'].get(k, ''), near[0]['cwd'])}" for k in names),
+             *near[0]["words"]])
         problems.append(f"{name}: never ran as its Run: line types it ({shown}){closest}")
     return problems
 

@@ -61,7 +61,8 @@ def _inside(path: str, cwd: str) -> bool:
     return not (os.path.isabs(relative) or relative == ".." or relative.startswith("../"))
 
 
-def _word(word: str, cwd: str) -> str:
+def normalised(word: str, cwd: str) -> str:
+    """One word (or a variable's value) as :mod:`ddpguide.launch.ran` normalises it, in ``cwd``."""
     if word.startswith("$PWD/"):
         return word.removeprefix("$PWD/")
     if os.path.isabs(word):
@@ -89,7 +90,7 @@ def words(argv: Sequence[str], cwd: str | os.PathLike | None = None,
         # the runner's comes first (torchrun.Agent.argv); alone, it is the one outside the folder
         drop = set(logs[:-1]) | {i for i in logs if len(logs) == 1 and not _inside(split[i + 1], cwd)}
         split = [w for i, w in enumerate(split) if i not in drop and i - 1 not in drop]
-    return [Path(w).name if w == program else _word(w, cwd) for w in split]
+    return [Path(w).name if w == program else normalised(w, cwd) for w in split]
 
 
 def _raw_docstring(path: Path) -> str:
@@ -117,7 +118,7 @@ def run_line(program: Path) -> tuple[list[str], list[str]] | None:
     command = shlex.split(re.split(r"\s{2,}", text.strip())[0])
     assignments = [w for w in command if _ASSIGNMENT.match(w)]
     rest = command[len(assignments):] if command[:len(assignments)] == assignments else command
-    return [a.partition("=")[0] + "=" + _word(a.partition("=")[2], "") for a in assignments], \
+    return [a.partition("=")[0] + "=" + normalised(a.partition("=")[2], "") for a in assignments], \
         words(rest, program=program.name)
 
 
@@ -131,4 +132,4 @@ def is_run_line(program: Path, command: Sequence[str], env: Mapping[str, str], c
     wanted = dict(a.split("=", 1) for a in typed[0])
     word = next((w for w in command if Path(w).name == program.name), None)
     return words(command, cwd, word) == typed[1] and all(
-        _word(env.get(k, ""), cwd) == v for k, v in wanted.items())
+        normalised(env.get(k, ""), cwd) == v for k, v in wanted.items())

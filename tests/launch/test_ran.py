@@ -66,8 +66,9 @@ def test_the_reader_s_own_log_dir_and_variables_count(records, tmp_path):
     typed = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "{}"]
     start("debug/desync.py", typed, tmp_path / "d", {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "d" / "frx")})
     [problem] = ran.not_run_as_typed(records, ["debug/desync.py"])
-    assert problem.startswith("debug/desync.py: never ran as its Run: line types it "
-                              "(TORCH_FR_DUMP_TEMP_FILE=fr/rank_ torchrun --standalone")
+    assert problem == ("debug/desync.py: never ran as its Run: line types it (TORCH_FR_DUMP_TEMP_FILE=fr/rank_ "
+                       "torchrun --standalone --nproc-per-node 2 desync.py); it ran as: TORCH_FR_DUMP_TEMP_FILE=frx "
+                       "torchrun --standalone --nproc-per-node 2 desync.py")
     start("debug/desync.py", typed, tmp_path / "e", {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "e" / "fr" / "rank_")})
     assert ran.not_run_as_typed(records, ["debug/desync.py"]) == []
 
