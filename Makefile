@@ -22,13 +22,14 @@ BOOK_JS := _build/book-js/_vendor/VERSIONS.json
 LAB_ARGS ?=
 
 .PHONY: help install slurm-packages book book-js test test-package test-fast test-slow lint typecheck test-notebooks \
-	render linkcheck test-browser test-lab lab bench gpu-check gpu-sim gpu-sim-chapters clean
+	render linkcheck test-browser test-lab ran-check lab bench gpu-check gpu-sim gpu-sim-chapters clean
 
 help:
 	@echo "make book        install (into $(VENV)) and build the HTML book in _build/html"
 	@echo "make test        install; package tests, every chapter once, the rendered book"
 	@echo "                 (links, then every page in headless Chromium; screenshots in"
 	@echo "                 _build/screenshots)"
+	@echo "                 then each book program that never ran as its Run: line types it"
 	@echo "make test-fast   the package tests that start no process (seconds to a minute or two)"
 	@echo "make lint        ruff (rules in pyproject.toml) and mypy on the package (strict on core)"
 	@echo "make lab         open the chapters in JupyterLab"
@@ -66,14 +67,22 @@ book: $(STAMP) $(BOOK_JS)
 	  --config _build/build_config.yml
 	@echo "The book is in _build/html/index.html"
 
-# One step after another, so that `make -j test` keeps the order.
+# One step after another, so that `make -j test` keeps the order. The runner records every
+# command it execs into $(RAN) (package tests and chapters alike); ran-check then names each
+# book program that never ran as its docstring's Run: line types it (ddpguide/launch/ran.py).
+RAN := $(CURDIR)/_build/ran
 test: $(STAMP)
-	$(MAKE) --no-print-directory test-package
-	$(MAKE) --no-print-directory test-notebooks
-	$(MAKE) --no-print-directory gpu-sim-chapters
+	rm -rf $(RAN)
+	DDPGUIDE_RAN=$(RAN) $(MAKE) --no-print-directory test-package
+	DDPGUIDE_RAN=$(RAN) $(MAKE) --no-print-directory test-notebooks
+	DDPGUIDE_RAN=$(RAN) $(MAKE) --no-print-directory gpu-sim-chapters
 	$(MAKE) --no-print-directory render
 	$(MAKE) --no-print-directory linkcheck
 	$(MAKE) --no-print-directory test-browser
+	$(MAKE) --no-print-directory ran-check
+
+ran-check:
+	$(PY) -m ddpguide.launch.ran $(RAN)
 
 # Two pytest-xdist workers: about half of the package tests' time is spent waiting (a
 # collective's timeout, an agent that joins late), which the other worker fills. A file's

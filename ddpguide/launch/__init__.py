@@ -7,5 +7,7 @@
   ``torchrun`` (torchrun agents on one machine) and ``programs`` (the book's programs, run as a
   reader types them; the only way into ``book/programs/``);
 * ``report``: what a program writes with ``--report FILE``, and its one reader;
-* ``whoami``: what each worker is told.
+* ``whoami``: what each worker is told;
+* ``starts`` and ``ran``: every command the runner execs recorded (``DDPGUIDE_RAN``), and the
+  check that each program ran once as its ``Run:`` line types it.
 """

@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Sequence
 
 from ddpguide.core import scratch
-from ddpguide.launch import forked, ranks
+from ddpguide.launch import forked, ranks, starts
 from ddpguide.launch import report as reports
 
 #: Where the programs live in a checkout.
@@ -43,6 +43,9 @@ LAUNCH = "typed"
 LAUNCHES = ("typed", "warm", "typed-once")
 #: the programs that have run as typed in this process
 TYPED: set[str] = set()
+#: the programs (file names, as :data:`TYPED`) whose ``Run:`` line's command has run as typed
+#: in this process
+RUN_LINES: set[str] = set()
 
 #: The file ``run(..., report=True)`` asks the program to write, in its folder.
 REPORT = "report.json"
@@ -167,14 +170,18 @@ def copy_program(name: str, folder: str | os.PathLike) -> Path:
     return folder / source.name
 
 
-def launch_of(name: str, launch: str | None = None) -> str:
+def launch_of(name: str, launch: str | None = None, run_line: bool = False) -> str:
     """``"typed"`` or ``"warm"``: how program ``name`` runs now under ``launch`` (None:
-    :data:`LAUNCH`); whoever runs it typed adds it to :data:`TYPED`."""
+    :data:`LAUNCH`); whoever runs it typed adds it to :data:`TYPED`. Under ``"typed-once"``
+    the command of the program's ``Run:`` line (``run_line``) runs typed too, the first time
+    it comes, whatever ran before it, so that ``make test``'s check that each program ran as
+    its ``Run:`` line types it (:mod:`ddpguide.launch.ran`) does not depend on the tests' order."""
     launch = LAUNCH if launch is None else launch
     if launch not in LAUNCHES:
         raise ValueError(f"launch must be one of {', '.join(LAUNCHES)}, got {launch!r}")
     if launch == "typed-once":
-        return "warm" if Path(name).name in TYPED else "typed"
+        typed_now = run_line and Path(name).name not in RUN_LINES
+        return "warm" if Path(name).name in TYPED and not typed_now else "typed"
     return launch
 
 
@@ -194,13 +201,14 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     what the program wrote there (:mod:`ddpguide.launch.report`): required after exit
     status 0, read if present after another.
     """
-    launch = launch_of(name, launch)
     source = path_of(name)
+    command = [*launcher, source.name, *args, *(("--report", REPORT) if report else ())]
+    run_line = starts.is_run_line(source, command, env or {}, str(workdir or ""))
+    launch = launch_of(name, launch, run_line)
     folder = Path(workdir) if workdir else scratch.folder("ddpguide-program-")
     copy_program(name, folder)
     report_path = folder / REPORT
     report_path.unlink(missing_ok=True)  # a report from an earlier run in this folder is not this one's
-    command = [*launcher, source.name, *args, *(("--report", REPORT) if report else ())]
     shown = " ".join(shlex.quote(part) for part in command)
     if echo:
         print(f"$ {shown}", flush=True)
@@ -212,6 +220,8 @@ def run(name: str, *args: str, launcher: Sequence[str] = ("python",), timeout: f
     if done is None:  # the command as typed
         done = _run_command(command, folder, env or {}, timeout, echo)
         TYPED.add(source.name)
+        if run_line:
+            RUN_LINES.add(source.name)
     seconds = time.monotonic() - started
     if done.timed_out:
         raise ProgramTimeout(f"`{shown}` did not finish within {timeout:g} s and was stopped")

@@ -65,3 +65,21 @@ def recorded_failures(path: str | os.PathLike) -> list[int]:
     stamped = [(float(when), int(index)) for when, _, index in (line.partition(" ") for line in lines)
                if index.isdigit()]
     return [index for _, index in sorted(stamped)]
+
+
+def worker_errors(log_dir: str | os.PathLike) -> list[str]:
+    """What the workers of one torchrun agent raised, as their error files hold it (each
+    worker's ``TORCHELASTIC_ERROR_FILE``, which ``@record`` writes: ``<log-dir>/<run>/
+    attempt_<n>/<local rank>/error.json``), read with torch's own :class:`ProcessFailure`.
+    Earliest attempt first, then by the error's time stamp and the local rank; one line
+    each, the first of the exception's message (``type: text``)."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    found = []
+    for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
+        attempt, local_rank = int(path.parent.parent.name.removeprefix("attempt_")), int(path.parent.name)
+        failure = ProcessFailure(local_rank=local_rank, pid=0, exitcode=1, error_file=str(path))
+        message = failure.message
+        text = message.get("message", "") if isinstance(message, dict) else str(message)
+        found.append(((attempt, failure.timestamp, local_rank), (text.strip().splitlines() or [""])[0]))
+    return [line for _, line in sorted(found)]

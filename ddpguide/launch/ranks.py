@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ddpguide.core import scratch
 from ddpguide.core.processes import alive, descendants, processes_with_env, signal_all
+from ddpguide.launch import starts
 from ddpguide.launch.ended import Ended, Outcome, RankEnd
 from ddpguide.launch.rank_files import FAILURES_VARIABLE, Tail, recorded_failures
 
@@ -123,6 +124,7 @@ class Ranks:
         if isinstance(rank, Command):
             env = {**(os.environ if rank.base_env is None else rank.base_env), **rank.env,
                    **self._marks()}
+            starts.record(rank.argv, rank.cwd, env)  # for the check that programs ran as typed
             with open(log, "ab") as out, open(errors, "ab") as err:
                 process: Any = subprocess.Popen(
                     [*rank.prefix, *rank.argv], cwd=rank.cwd, env=env, stdin=subprocess.DEVNULL,

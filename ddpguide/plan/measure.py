@@ -20,6 +20,7 @@ from typing import Any, Callable
 from ddpguide.core import scratch
 from ddpguide.gpt import cost as gpt_cost
 from ddpguide.gpt.layouts import PROGRAM as TRAIN
+from ddpguide.launch import report as reports
 from ddpguide.launch.programs import path_of
 from ddpguide.launch.report import ReportError
 from ddpguide.plan import hardware, render, search
@@ -109,6 +110,18 @@ def cluster_hardware(p: ModuleType, cluster: Any, folder: Path | None = None, se
     return hw
 
 
+def cost_in(path: Path, what: str) -> dict[str, Any]:
+    """The ``cost`` record of the report ``train.py --cost --report`` wrote at ``path``, read
+    through :func:`ddpguide.launch.report.read`: :class:`ReportError` (one line) for a report
+    that breaks the contract, one with a failed check, or one without a ``cost``."""
+    found = reports.read(path, what)
+    if reports.failed(found):
+        raise ReportError(f"{what}: failed checks in {path}: {', '.join(reports.failed(found))}")
+    if not isinstance(found.get("cost"), dict):
+        raise ReportError(f"{what}: the report {path} holds no cost (was --cost given?)")
+    return found["cost"]
+
+
 def run_on_cluster(cluster: Any, layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int = 5,
                    timeout: float = 900.0, cache: str | None = None) -> dict[str, Any]:
     """``train.py --cost`` on the layout across the cluster's nodes (one ``torchrun --nnodes`` a
@@ -124,9 +137,10 @@ def run_on_cluster(cluster: Any, layout: Any, model: Any, seq: int, batch: int, 
             report = Path(folder, "report.json")
             program = [str(path_of(TRAIN)), *options, *extra, "--cost", "--report", str(report)]
             ended = torchrun_on(cluster, program, timeout, cwd=folder)
-            if any(e.returncode != 0 for e in ended) or not report.is_file():
+            what = f"{TRAIN} {' '.join(options)} on the cluster"
+            if any(e.returncode != 0 for e in ended):
                 tails = [f"node{k}: exit {e.returncode}: {(e.errors.strip().splitlines() or [''])[-1]}"
-                         for k, e in enumerate(ended) if e.returncode != 0] or ["no report written"]
-                raise ReportError(f"{TRAIN} {' '.join(options)} on the cluster: " + "; ".join(tails))
-            return json.loads(report.read_text())["cost"]
+                         for k, e in enumerate(ended) if e.returncode != 0]
+                raise ReportError(f"{what}: " + "; ".join(tails))
+            return cost_in(report, what)
     return _cached(cache, " ".join(("cluster", *options, *extra, cluster.spec.link, str(cluster.spec.nodes))), once)

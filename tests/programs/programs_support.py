@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 
 from ddpguide.core.runtime import LAUNCHER_VARIABLES
-from ddpguide.launch import forked, programs, ranks
+from ddpguide.launch import forked, programs, ranks, starts
 from ddpguide.launch.torchrun import LAUNCH_ID_VARIABLE
 
 PROGRAMS = Path(__file__).resolve().parents[2] / "book" / "programs"
@@ -52,12 +52,19 @@ def reader_environment(launch_id: str, extra: dict[str, str] | None = None) -> d
     return env
 
 
-def forkable(argv: list[str]) -> tuple[int, list[str]] | None:
+def run_line(argv: list[str], cwd: Path, env: dict[str, str] | None) -> bool:
+    """Whether ``argv`` in ``cwd`` is its program's ``Run:`` line (``programs.launch_of``)."""
+    at = next((i for i, part in enumerate(argv) if part.endswith(".py")), None)
+    return at is not None and (cwd / argv[at]).is_file() and starts.is_run_line(
+        cwd / argv[at], argv, env or {}, str(cwd))
+
+
+def forkable(argv: list[str], run_line: bool = False) -> tuple[int, list[str]] | None:
     """``(ranks, [program, *args])`` when forked ranks can stand for ``argv``
     (``ddpguide.launch.forked``): ``PYTHON prog.py ...`` or ``TORCHRUN --standalone
     --nproc-per-node=N prog.py ...``; else None."""
     at = next((i for i, part in enumerate(argv) if part.endswith(".py")), None)
-    if at is None or programs.launch_of(argv[at]) != "warm":
+    if at is None or programs.launch_of(argv[at], run_line=run_line) != "warm":
         return None
     names = {PYTHON: "python", TORCHRUN: "torchrun"}
     nproc = forked.ranks_of([names.get(argv[0], argv[0]), *argv[1:at]])
@@ -71,7 +78,8 @@ def run(argv: list[str], cwd: Path, timeout: float,
     Its ranks are forked warm when they can be and the test is not marked ``typed``
     (``tests/conftest.py``)."""
     began = time.monotonic()
-    program = forkable(argv)
+    typed_line = run_line(argv, cwd, env)
+    program = forkable(argv, typed_line)
     done = None if program is None else forked.run(
         cwd, program[1], program[0], reader_environment(uuid.uuid4().hex, env), timeout,
         separate_errors=True)
@@ -79,6 +87,7 @@ def run(argv: list[str], cwd: Path, timeout: float,
         done = ranks.run([ranks.Command(argv, base_env=reader_environment("", env), cwd=cwd)],
                          timeout, separate_errors=True)
         programs.TYPED.update(part for part in argv if part.endswith(".py"))
+        programs.RUN_LINES.update(Path(part).name for part in argv if part.endswith(".py") and typed_line)
     if done.timed_out:
         pytest.fail(f"{' '.join(argv)} ran past {timeout} s\n--- stdout\n{done.output[-3000:]}"
                     f"\n--- stderr\n{(done.errors or '')[-3000:]}")
