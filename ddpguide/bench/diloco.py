@@ -72,7 +72,7 @@ def run(quick: bool = False) -> Report:
         if len(series) > 1 and name.startswith("diloco_loss"):
             report.spreads[name] = spread_of(series)
     report.notes.append(
-        f"{PROGRAM} {' '.join(arguments(0, steps))} (seeds {', '.join(map(str, seeds))}): 2 replica "
+        f"{PROGRAM} --seed S {' '.join(arguments(0, steps)[2:])} for S in {', '.join(map(str, seeds))}: 2 replica "
         "groups as threads of one process, batch 32 each; the held-out loss is group 0's after the "
         "last step. The program exits 1 when one of its checks fails, which stops the suite.")
     return report

@@ -65,3 +65,13 @@ def test_bad_input_is_one_line_and_writes_nothing(program, tmp_path, capsys, arg
 def test_every_ratio_has_its_anchor():
     names = {f"diloco_loss_over_ddp_loss_h{h}" for h in diloco.SYNC_EVERY}
     assert names | {"diloco_bytes_over_ddp_times_h", "diloco_h1_lr1_gap"} == set(appendix.ANCHORS["diloco"])
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_quick_mode_runs_the_program_and_reports_every_ratio():
+    report = diloco.run(quick=True)
+    assert set(report.ratios) == set(appendix.ANCHORS["diloco"])
+    assert report.ratios["diloco_bytes_over_ddp_times_h"] == 1.0
+    assert report.ratios["diloco_h1_lr1_gap"] < 1e-12
+    assert all(report.ratios[f"diloco_loss_over_ddp_loss_h{h}"] > 0 for h in diloco.SYNC_EVERY)
