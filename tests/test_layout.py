@@ -58,7 +58,7 @@ PROGRAMS_USED = {
     "slurm": {"slurm_requeue.py"},
     "cluster": {"cluster/collectives.py", "cluster/sharding.py", "cluster/ddp_overlap.py",
                 "cluster/dead_link.py"},
-    "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py"},
+    "bench": {"ring_attention.py", "moe_expert_parallel.py", "pipeline_schedules.py", "diloco_digits.py"},
 }
 #: the functions of ``ddpguide.launch.programs`` that take a program's name first
 PROGRAM_FUNCTIONS = {"load", "run", "copy_program", "path_of", "show", "show_diff", "diff"}

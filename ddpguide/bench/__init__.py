@@ -27,6 +27,7 @@ SUITES = {
             "runs of every layout, rank correlation, and against published GPU runs (chapter 16)",
     "failures": "per-step fault tolerance against torchrun's restart, DiLoCo's bytes and its step "
                 "time on a slow link, the checkpoint interval against Young-Daly (chapter 17)",
+    "diloco": "DiLoCo against DDP at equal samples on the digits: held-out loss for each H (chapter 17)",
     "slurm": "Slurm on the emulated cluster: a lost node's job requeued, the time to training "
              "resumed against its prediction from SlurmdTimeout and a preempted job (chapter 18)",
 }

@@ -14,6 +14,7 @@ from tests.programs.programs_support import PROGRAMS
 ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "sklearn"}
 #: the field's own libraries a chapter teaches, by program
 EXTRA = {"ft_train.py": {"torchft"}, "plan_step.py": {"plan_cost"}}  # plan_step.py: its neighbour, copied with it
+EXTRA["diloco_digits.py"] = {"torchft"}
 NAMES = sorted(path.name for path in PROGRAMS.glob("*.py"))
 #: every program and module below book/programs, in every folder (gpt/, debug/)
 ALL = sorted(str(path.relative_to(PROGRAMS)) for path in PROGRAMS.glob("**/*.py"))
