@@ -31,11 +31,14 @@ tries, ``D = k * T`` s (6 s here). So, with ``S`` = SlurmdTimeout, ``M`` = Messa
 s before that ping; the next cycle starts ``P`` s after the last or, when that one lasted
 longer, at the loop's next second after it ended: ``C`` s apart;
 ``n`` cycles until one starts ``S`` s after that answer, then one more that marks it DOWN:
-14.0 s here). The node DOWN, the job is requeued at once and eligible ``cred_expire + 1`` s
-later (slurm.conf(5), ``AuthInfo``); the scheduler's next pass (every ``SCHED_INTERVAL`` s,
+14.0 s here). The node DOWN, Slurm ends the job: its processes on the nodes left get SIGTERM,
+and SIGKILL ``KillWait`` s later; the whole job's ranks there are stuck in a collective with
+the lost node and end only then (a torchft group's job ran on the lost node alone: nothing to
+wait for). Once it has ended, the job is requeued and eligible ``cred_expire + 1`` s later
+(slurm.conf(5), ``AuthInfo``); the scheduler's next pass (every ``SCHED_INTERVAL`` s,
 ``bf_interval``/``sched_interval``) starts it, on average half an interval later:
 
-    requeue  = cred_expire + 1 + SCHED_INTERVAL / 2
+    requeue  = [KillWait] + cred_expire + 1 + SCHED_INTERVAL / 2
 
 then ``start`` as measured on the preempted job. For torchft's group, ``start`` and ``heal``
 are measured on the same group's first allocation of the same run: its job running to its
@@ -56,6 +59,7 @@ from ddpguide.cluster import Spec
 from ddpguide.slurm import ft, runs, up
 from ddpguide.slurm.config import (
     CRED_EXPIRE,
+    KILL_WAIT,
     MESSAGE_TIMEOUT,
     SCHED_INTERVAL,
     SLURMD_TIMEOUT,
@@ -66,7 +70,8 @@ from ddpguide.slurm.config import (
 ANCHORS: dict[str, tuple[str, str, str]] = {
     "requeue_measured_over_predicted": (
         "whole job (slurm_requeue.py, 2 nodes): node lost -> training resumed, measured / "
-        "predicted (ping cycles + cred_expire + scheduler pass + start of the preempted job)",
+        "predicted (ping cycles + KillWait + cred_expire + scheduler pass + start of the "
+        "preempted job)",
         "", "0.8-1.25"),
     "ft_requeue_measured_over_predicted": (
         "one torchft group's job (ft_train.py): node lost -> the group committing again, "
@@ -85,9 +90,12 @@ def predicted_detect(slurmd_timeout: int = SLURMD_TIMEOUT, message_timeout: int 
     return (ping + 1) / 2 + cycles * cycle
 
 
-def predicted_requeue(start: float, heal: float = 0.0) -> dict[str, float]:
-    """The parts of the time from a lost node to training resumed, and their sum."""
-    parts = {"detect": predicted_detect(), "requeue": CRED_EXPIRE + 1.0 + SCHED_INTERVAL / 2,
+def predicted_requeue(start: float, heal: float = 0.0, survivors: bool = False) -> dict[str, float]:
+    """The parts of the time from a lost node to training resumed, and their sum.
+    ``survivors``: the job has processes on nodes that remain, stuck in a collective with
+    the lost node until Slurm's SIGKILL, ``KillWait`` s after its SIGTERM."""
+    parts = {"detect": predicted_detect(),
+             "requeue": (KILL_WAIT if survivors else 0) + CRED_EXPIRE + 1.0 + SCHED_INTERVAL / 2,
              "start": start}
     if heal:
         parts["heal"] = heal
@@ -118,7 +126,7 @@ def run(quick: bool = False) -> Report:
     t = lost.times
     measured = {"detect": t["down"] - t["lost"], "requeue": t["running_again"] - t["down"],
                 "start": resumed - t["running_again"], "total": resumed - t["lost"]}
-    predicted = predicted_requeue(start)
+    predicted = predicted_requeue(start, survivors=True)
     compare(report, "lost_node", measured, predicted)
     report.add("preempted_requeue_to_running", pre.times["running_again"] - pre.times["signalled"], "s")
     g = group.times

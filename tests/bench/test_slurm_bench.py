@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ddpguide.bench.slurm import predicted_detect, predicted_requeue
-from ddpguide.slurm.config import CRED_EXPIRE, SCHED_INTERVAL
+from ddpguide.slurm.config import CRED_EXPIRE, KILL_WAIT, SCHED_INTERVAL
 
 
 def test_detection_counts_the_failed_ping_cycles_before_the_one_that_marks_the_node_down():
@@ -25,6 +25,9 @@ def test_the_prediction_adds_detection_requeue_start_and_heal():
     assert parts["total"] == pytest.approx(predicted_detect() + CRED_EXPIRE + 1
                                            + SCHED_INTERVAL / 2 + 10.0)
     assert "heal" not in predicted_requeue(start=7.0)
+    # a whole job's ranks left on the other nodes end at Slurm's SIGKILL, KillWait s on
+    assert (predicted_requeue(start=7.0, survivors=True)["requeue"]
+            == KILL_WAIT + CRED_EXPIRE + 1 + SCHED_INTERVAL / 2)
 
 
 def test_the_suite_is_listed():
