@@ -56,8 +56,13 @@ def test_a_process_naming_the_run_folder_is_found_left_running(tmp_path):
     import subprocess
     import sys
 
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", str(tmp_path)]) as proc:
+    # Popen may return before the new program's arguments are in /proc/PID/cmdline (the
+    # kernel lets a vfork parent go on mid-exec): the child says when it runs
+    child = "import time; print('running', flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", child, str(tmp_path)], stdout=subprocess.PIPE,
+                          text=True) as proc:
         try:
+            assert proc.stdout is not None and proc.stdout.readline() == "running\n"
             assert proc.pid in ft.left_running(tmp_path)
         finally:
             proc.kill()
