@@ -118,7 +118,8 @@ def group_lost(slurm: Slurm, folder: Path, steps: int = 400, step_seconds: float
         on = jobs.wait_for(slurm, group_jobs[lost], lambda f: f.get("JobState") == "RUNNING",
                            timeout, "running")
         times["running"] = time.time()
-        node = slurm.cluster.node(int(expand(slurm, on["NodeList"])[0].removeprefix("node")))
+        [name] = expand(slurm, on["NodeList"])
+        node = next(n for n in slurm.nodes if n.name == name)
         deadline = time.monotonic() + timeout
         while not any(r["event"] == "step" and r["group"] == lost and r["committed"]
                       and r["step"] >= lose_after for r in read_rows(folder)):
