@@ -118,9 +118,9 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "failures.runs", "launch.programs",
     ), ("bench", "failures")),
     "18_slurm": ("18", (
-        "cluster.spec", "launch.programs", "launch.report", "slurm.jobs", "slurm.runs",
-        "slurm.scheduler",
-    ), ("slurm",)),
+        "bench.slurm", "cluster.spec", "launch.programs", "launch.report", "slurm.ft", "slurm.jobs",
+        "slurm.runs", "slurm.scheduler",
+    ), ("bench", "slurm")),
     "appendix_measurements": ("appendix", (
         "bench.appendix",
     ), ("bench",)),

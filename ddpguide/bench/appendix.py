@@ -147,7 +147,7 @@ ANCHORS: dict[str, dict[str, Anchor]] = {
 }
 ANCHORS["pipeline"].update(ANCHORS["pipeline_schedules"])  # the pipeline suite runs them too
 for _suite, _module in (("cluster", "cluster"), ("plan", "plan_anchors"), ("failures", "failures"),
-                       ("diloco", "diloco")):
+                       ("diloco", "diloco"), ("slurm", "slurm")):
     ANCHORS[_suite] = {n: Anchor(*t) for n, t in import_module(f"ddpguide.bench.{_module}").ANCHORS.items()}
 
 

@@ -9,7 +9,8 @@ The timeouts are short so that a lost node shows in seconds: ``SlurmdTimeout``
 seconds without an answer and the controller marks the node DOWN;
 ``ReturnToService=2`` takes it back once its ``slurmd`` registers again.
 A requeued job waits ``cred_expire`` + 1 seconds before it is eligible again
-(set short here). ``JobRequeue=0``: only a job submitted with ``--requeue`` goes back to the
+(set short here); the scheduler then starts it at its next pass, every ``SCHED_INTERVAL``
+seconds here. ``JobRequeue=0``: only a job submitted with ``--requeue`` goes back to the
 queue when its node is lost.
 """
 
@@ -28,6 +29,10 @@ PARTITION = "nodes"
 SLURMD_TIMEOUT = 5  # seconds without an answer before the controller marks a node DOWN
 SLURMCTLD_TIMEOUT = 5
 MESSAGE_TIMEOUT = 5
+TCP_TIMEOUT = 2  # seconds a TCP connect to a node may take (Slurm's default)
+#: seconds between the scheduler's passes over pending jobs, the main loop's and the backfill's
+#: (defaults 60 and 30): a requeued job becomes eligible by the clock, and only a pass starts it
+SCHED_INTERVAL = 1
 KILL_WAIT = 10  # seconds between a job's SIGTERM and its SIGKILL: time to checkpoint
 #: a requeued job is eligible again this many seconds + 1 after its requeue (Slurm's default
 #: is the job credential's lifetime, 120 s)
@@ -95,7 +100,8 @@ def slurm_conf(run_id: str, nodes: list[Node], cpus: int, folder: Path) -> str:
         "MpiDefault=none", "SchedulerType=sched/backfill",
         "ReturnToService=2", "JobRequeue=0",
         f"SlurmdTimeout={SLURMD_TIMEOUT}", f"SlurmctldTimeout={SLURMCTLD_TIMEOUT}",
-        f"MessageTimeout={MESSAGE_TIMEOUT}", f"KillWait={KILL_WAIT}",
+        f"MessageTimeout={MESSAGE_TIMEOUT}", f"TCPTimeout={TCP_TIMEOUT}", f"KillWait={KILL_WAIT}",
+        f"SchedulerParameters=bf_interval={SCHED_INTERVAL},sched_interval={SCHED_INTERVAL}",
         "InactiveLimit=0", "MinJobAge=600", "SlurmctldDebug=info", "SlurmdDebug=info",
         *(f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes),
         f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",

@@ -22,10 +22,11 @@ FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 def submit(slurm: Slurm, options: list[str], script: Path = RECIPE, args: tuple[str, ...] = (), *,
-           cwd: Path, program: Path | None = None, timeout: float = 30.0) -> str:
+           cwd: Path, program: Path | None = None, timeout: float = 30.0,
+           env: dict[str, str] | None = None) -> str:
     """``sbatch OPTIONS SCRIPT ARGS`` from ``cwd``; the job id. ``program`` (a path) is
-    passed to the recipe as ``PROGRAM``."""
-    extra = {"PROGRAM": str(program)} if program else {}
+    passed to the recipe as ``PROGRAM``, ``env`` added to the job's environment."""
+    extra = {**({"PROGRAM": str(program)} if program else {}), **(env or {})}
     done = slurm.run(["sbatch", "--parsable", *options, str(script), *args], timeout, cwd=cwd,
                      extra_env=extra)
     if done.returncode != 0:

@@ -111,7 +111,9 @@ def test_configuration_names_every_node_and_the_short_timeouts():
         f"NodeName=node{k} NodeAddr=198.18.0.{k + 1} CPUs=2 State=UNKNOWN" for k in range(3)]
     for setting in ("ReturnToService=2", "MpiDefault=none", f"SlurmdTimeout={config.SLURMD_TIMEOUT}",
                     "SlurmdSpoolDir=/run/x/spool-%n", "SlurmdPidFile=/run/x/slurmd-%n.pid",
-                    "JobRequeue=0"):
+                    "JobRequeue=0", f"MessageTimeout={config.MESSAGE_TIMEOUT}",
+                    f"TCPTimeout={config.TCP_TIMEOUT}",
+                    "SchedulerParameters=bf_interval=1,sched_interval=1"):
         assert setting in text.splitlines()
 
 
