@@ -41,7 +41,7 @@ def test_the_program_refuses_bad_options_in_one_line(args, message, tmp_path, ca
 ENGINE_BAD = [
     (["--groups", "1"], "--groups 1: at least 2 (a survivor to heal from)"),
     (["--group-size", "3"], "--group-size 3: 1 (DDP) or 2 (FSDP2 in the group)"),
-    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two"),
+    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two,term"),
     (["--failures", "-1"], "--failures -1: 0 or more"),
 ]
 
