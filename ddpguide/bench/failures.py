@@ -24,7 +24,7 @@ The predictions, from the run's configured values only: T the collective's timeo
 (``--timeout``), H the lighthouse's heartbeat timeout, J its join timeout, k its quorum tick,
 s the program's step sleep, m torchrun's monitor interval (0.1 s). For a failure at t_f,
 t_0 is the survivor's last commit before it and r = t_0 + s the moment it asks for its next
-quorum. The measured stall is ``runs.ft_lost_s``: how much later the survivor's commits come
+quorum. The measured stall is ``runs.lost_s``: how much later the survivor's commits come
 than ordinary steps would, i.e. how much later than r its next quorum forms.
 
 - stall, ``term`` and ``kill``: the survivor's all-reduce with the victim fails at once (the
