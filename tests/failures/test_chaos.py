@@ -36,12 +36,7 @@ def test_a_long_chaos_run_of_every_kind(tmp_path, seed, group_size):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("kind, groups", [("heal", 2), ("quorum", 2), pytest.param(
-    "two", 3, marks=pytest.mark.xfail(strict=True, reason=(
-        "final_equals_replay: with 3 groups in a quorum, gloo's ring all-reduce adds their "
-        "gradients in an order that depends on the element's chunk (3 ranks, 165 float64s: "
-        "(g1+g2)+g0 for the first third, (g0+g2)+g1, then (g0+g1)+g2); the replay adds them "
-        "in group order: 1 ulp apart (1.1e-16), every other invariant holds")))])
+@pytest.mark.parametrize("kind, groups", [("heal", 2), ("quorum", 2), ("two", 3)])
 def test_a_rank_killed_while_its_group_heals_or_a_quorum_forms_or_two_groups_at_once(
         tmp_path, kind, groups):
     """heal: the replacement is killed as soon as its Manager is up (its "started" row), while
