@@ -33,9 +33,10 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   healed       after loading a peer's state: step, weights digest;
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
   final        the last step's full parameters.
-A group that has done the last step keeps joining quorums until one holds every group, so
-that a group that comes back late still finds a peer to heal from; a restarted group that
-finds none within --linger seconds exits with status 1 rather than train from step 0 alone.
+A group that has done the last step keeps joining quorums until two have held every group,
+so that a group that comes back late finds a peer to heal from, still there while it heals;
+a restarted group that finds none within --linger seconds exits with status 1 rather than
+train from step 0 alone.
 
 Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, ManagedProcessGroup,
 DistributedDataParallel, Optimizer and DiLoCo; its train_ddp.py, which runs the same way,
@@ -183,13 +184,22 @@ def new_name(folder, name, incarnation):
     return final if not os.path.exists(final) else f"{final}.{incarnation}"
 
 
-def forget_the_last_manager():
-    """torchrun keeps the group's store across restarts, and torchft's Manager finds rank 0's
-    server under a fixed key in it: rank 0 deletes the last incarnation's keys before any
-    rank builds its Manager (the ranks meet in the new incarnation's process group)."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                          is_master=False, timeout=timedelta(seconds=30))
-    if dist.get_rank() == 0:
+def join_the_group(timeout):
+    """The group's own process group, on torchrun's store. torchrun's agent serves that store
+    and keeps it, keys and all, across the restarts of the group (torch 2.14 no longer prefixes
+    the keys with the restart count). A new incarnation whose rank reads a key its peer has not
+    yet written again would get the dead incarnation's address and time out connecting to it:
+    each incarnation meets under a prefix of its own. Then rank 0 deletes the last
+    incarnation's keys of torchft's Manager (which finds rank 0's server under a fixed key in
+    the same store) before any rank builds its Manager."""
+    incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
+                          is_master=rank == 0 and not agent_serves, timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"incarnation{incarnation}", store),
+                            rank=rank, world_size=size, timeout=timeout)
+    if rank == 0:
         for key in ("manager_addr", "replica_id"):
             store.delete_key(key)
     dist.barrier()
@@ -205,8 +215,7 @@ def train(args):
     timeout = timedelta(seconds=args.timeout)
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size > 1:                                     # the group's own ranks, torchrun's store
-        dist.init_process_group("gloo", timeout=timeout)
-        forget_the_last_manager()
+        join_the_group(timeout)
     model = make_model(args.seed, args.hidden)
     if size > 1:
         shard_in_group(model)
@@ -360,13 +369,20 @@ def wait_for_a_peer(args, manager):
 
 
 def stay_until_every_group_is_back(args, manager):
-    """Keep joining quorums, taking no step, until one holds every group (or --linger
-    seconds pass): a group restarted near the end still finds a peer to heal from. Every
-    rank of a group sees the same quorum, so the group's ranks leave together."""
+    """Keep joining quorums, taking no step, until a second quorum holds every group (or
+    --linger seconds pass): a group restarted near the end still finds a peer to heal from.
+    One quorum of every group is not enough: a group that heals in it fetches the state from
+    this group's ranks after the quorum returns, and they must still be serving it. The next
+    quorum of every group forms only when each rank of each group has asked for it (torchft's
+    Manager server waits for all of them), that is, when every heal of the last one is done.
+    The quorum this group last trained in counts. Every rank of a group sees the same
+    quorums, so the group's ranks leave together."""
     until = time.monotonic() + args.linger
-    while manager.num_participants() < args.groups and time.monotonic() < until:
+    seen = int(manager.num_participants() == args.groups)
+    while seen < 2 and time.monotonic() < until:
         time.sleep(args.step_seconds)
         manager.start_quorum()
+        seen += manager.num_participants() == args.groups
 
 
 def lighthouse_reachable(addr, seconds=2.0):

@@ -14,16 +14,55 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
   torchrun's 2 ranks): the same model, per-rank batch, gloo, no sleep, in the same run.
 - ``young_daly_best_interval_measured_over_predicted``: C measured (synchronous DCP save),
   failures and restarts on a simulated clock (``ddpguide.failures.cadence``).
+- ``stall_measured_over_predicted_<kind>`` and ``rejoin_measured_over_predicted_<kind>`` for
+  ``term`` (SIGTERM: the rank ends, the kernel closes its sockets; torchrun restarts it, its
+  exit status being non-zero), ``kill`` (SIGKILL) and ``hang`` (SIGSTOP, then SIGKILL after
+  the collective's timeout + 1 s), one run of 2 groups of 1 rank, the three in turn (hang,
+  kill, term; the quick mode: kill alone).
+
+The predictions, from the run's configured values only: T the collective's timeout
+(``--timeout``), H the lighthouse's heartbeat timeout, J its join timeout, k its quorum tick,
+s the program's step sleep, m torchrun's monitor interval (0.1 s). For a failure at t_f,
+t_0 is the survivor's last commit before it and r = t_0 + s the moment it asks for its next
+quorum. The measured stall is ``runs.lost_s``: how much later the survivor's commits come
+than ordinary steps would, i.e. how much later than r its next quorum forms.
+
+- stall, ``term`` and ``kill``: the survivor's all-reduce with the victim fails at once (the
+  socket is closed); the lighthouse leaves the victim out when its heartbeat is H old or when
+  J has passed since the survivor asked, whichever is first, on its next tick:
+  ``max(0, min(t_f + H, r + J) - r) + k / 2``.
+- stall, ``hang``: the stopped rank's heartbeat stops too, so the same, unless the survivor
+  was already inside an all-reduce with the victim (a ``contributed`` row with every group in
+  it, after t_f, before its next commit): it waits out T, sleeps s, and the next quorum
+  forms at once: ``T + s + k / 2``.
+- rejoin (the failure's SIGKILL or SIGTERM to the new incarnation's ``healed`` row): torchrun
+  notices (m / 2 on average), starts a new interpreter that imports torch, torch.distributed
+  and torchft (P, timed in this run in a process of its own, not in the job), the survivor
+  asks for a quorum within a step ((s + k) / 2 on average), and the heal moves the state's
+  bytes B over loopback at the bandwidth W (a 64 MB transfer over a loopback TCP socket, timed
+  here): ``m / 2 + P + (s + k) / 2 + B / W``. The rendezvous of a group of one rank is
+  torchrun's own store, a few milliseconds, and is not in the sum.
 """
 
 from __future__ import annotations
 
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
+
+#: the failure kinds whose stall and rejoin are predicted, and what each is
+KINDS = {"hang": "SIGSTOP", "kill": "SIGKILL", "term": "SIGTERM"}   # the longest first
+#: torchrun's --monitor-interval in the engine's command
+MONITOR_S = 0.1
 
 #: the appendix's anchors for this suite: (what, reference, goal)
 ANCHORS = {
@@ -42,6 +81,12 @@ ANCHORS = {
         "work lost per failure at the best interval / (tau / 2 + restart), modelled", "", "about 1"),
     "goodput_checkpointing": ("goodput at the best checkpoint interval, modelled", "", ""),
     "goodput_per_step_ft": ("goodput with per-step fault tolerance, 1 - lost / M, modelled", "", ""),
+    **{f"stall_measured_over_predicted_{k}": (
+        f"survivor's stall after {what} / min(heartbeat, join) or the collective's timeout, "
+        "as this module's docstring", "torchft lighthouse", "0.8-1.25") for k, what in KINDS.items()},
+    **{f"rejoin_measured_over_predicted_{k}": (
+        f"{what} to the new incarnation healed / process start + quorum + heal bytes",
+        "torchrun, torchft", "0.8-1.25") for k, what in KINDS.items()},
 }
 
 
@@ -77,23 +122,107 @@ def last_weights(report: dict) -> str:
                key=lambda r: r["step"])["weights"]
 
 
+def process_start_s(tries: int = 2) -> float:
+    """P: a fresh interpreter importing what ``ft_train.py`` imports before its Manager."""
+    times = []
+    for _ in range(tries):
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-c", "import torch, torch.distributed, torchft"],
+                       check=True, timeout=120)
+        times.append(time.monotonic() - start)
+    return statistics.median(times)
+
+
+def loopback_bytes_per_s(megabytes: int = 64) -> float:
+    """W: bytes per second through one TCP connection on 127.0.0.1."""
+    chunk = bytes(1 << 20)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def drain() -> None:
+            conn, _ = server.accept()
+            with conn:
+                while conn.recv(1 << 20):
+                    pass
+        reader = threading.Thread(target=drain)
+        reader.start()
+        start = time.perf_counter()
+        with socket.create_connection(server.getsockname()[:2]) as conn:
+            for _ in range(megabytes):
+                conn.sendall(chunk)
+        reader.join(60)
+        return megabytes * len(chunk) / (time.perf_counter() - start)
+
+
+def stall_predicted_s(report: dict, failure: dict, settings) -> float:
+    """The survivor's stall after ``failure``, from the configured timeouts (module docstring)."""
+    spared = min(g for g in range(report["groups"]) if g not in failure["groups"])
+    commits = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
+                     and r["group"] == spared)
+    t_f, s, tick = failure["time"], settings.step_seconds, settings.quorum_tick_ms / 1000
+    r = max(t for t in commits if t <= t_f) + s
+    following = min((t for t in commits if t > t_f), default=float("inf"))
+    if failure["what"] == "SIGSTOP" and any(
+            row["group"] == spared and t_f < row["time"] < following
+            and row["participants"] == report["groups"] for row in report["contributed"]):
+        return settings.timeout_s + s + tick / 2
+    return max(0.0, min(t_f + settings.heartbeat_timeout_ms / 1000,
+                        r + settings.join_timeout_ms / 1000) - r) + tick / 2
+
+
+def rejoin_predicted_s(settings, start_s: float, bandwidth: float) -> float:
+    """A restarted group's rejoin, m / 2 + P + (s + k) / 2 + B / W (module docstring)."""
+    from ddpguide.failures import runs
+
+    return (MONITOR_S / 2 + start_s + (settings.step_seconds + settings.quorum_tick_ms / 1000) / 2
+            + runs.heal_bytes(settings) / bandwidth)
+
+
+def rejoin_measured_s(report: dict, failure: dict) -> float | None:
+    """From ``failure`` (the signal that ended the rank) to its group's next ``healed`` row."""
+    healed = [r["time"] for r in report["healed"] if r["group"] == failure["groups"][0]
+              and r["time"] > failure["time"]]
+    return min(healed) - failure["time"] if healed else None
+
+
+def recovery(report: Report, chaos_run: dict, settings, start_s: float, bandwidth: float) -> None:
+    """The stall and rejoin ratios of each kind, from the run of the three failures in turn."""
+    from ddpguide.failures import runs
+
+    rejoin_pred = rejoin_predicted_s(settings, start_s, bandwidth)
+    report.add("process start P", start_s, "s")
+    report.add("loopback W", bandwidth / 1e6, "MB/s", heal_bytes=runs.heal_bytes(settings))
+    stalled = {"SIGTERM (term)": "term", "SIGKILL (kill)": "kill", "SIGSTOP": "hang"}
+    for failure in chaos_run["failures"]:
+        kind = stalled.get(failure["what"])
+        if kind is not None and f"stall_measured_over_predicted_{kind}" not in report.ratios:
+            measured, predicted = runs.lost_s(chaos_run, failure), stall_predicted_s(
+                chaos_run, failure, settings)
+            if measured is not None:
+                report.add(f"stall {kind}", measured, "s", predicted_s=predicted)
+                report.ratios[f"stall_measured_over_predicted_{kind}"] = measured / predicted
+        ended = "hang" if failure.get("after") == "SIGSTOP" else kind
+        if ended is not None and f"rejoin_measured_over_predicted_{ended}" not in report.ratios:
+            measured = rejoin_measured_s(chaos_run, failure)
+            if measured is not None and not (ended == "hang" and failure["what"] == "SIGSTOP"):
+                report.add(f"rejoin {ended}", measured, "s", predicted_s=rejoin_pred)
+                report.ratios[f"rejoin_measured_over_predicted_{ended}"] = measured / rejoin_pred
+
+
 def run(quick: bool = False) -> Report:
     """Quick: the DiLoCo bytes and the checkpoint sweep (no torchrun run, one short kill run)."""
-    from ddpguide.failures import cadence, runs
+    from ddpguide.failures import cadence, engine, runs
 
     report = Report("failures")
     h = 2 if quick else 4
     with tempfile.TemporaryDirectory(prefix="ddpguide-failures-") as tmp, \
             tracked(report, total=6, unit="figure") as progress:
-        ddp = runs.run_ft(Path(tmp, "ddp"), steps=4 * h, min_replicas=2)
+        steps = 40 if quick else 200
+        ft_run = runs.run_ft(Path(tmp, "ft"), steps=steps, min_replicas=2, step_seconds=0.0)
         diloco = runs.run_ft(Path(tmp, "diloco"), steps=4, min_replicas=2,
                              extra=("--diloco", str(h)))
-        ratio = _bytes_per_inner_step(diloco, "inner") / _bytes_per_inner_step(ddp, "step") * h
+        ratio = _bytes_per_inner_step(diloco, "inner") / _bytes_per_inner_step(ft_run, "step") * h
         progress.advance("diloco bytes", [("diloco bytes per inner step over ddp's x H", ratio, "")])
         report.ratios["diloco_bytes_over_ddp_times_h"] = ratio
 
-        steps = 40 if quick else 200
-        ft_run = runs.run_ft(Path(tmp, "ft"), steps=steps, min_replicas=2, step_seconds=0.0)
         plain = runs.run_plain_ddp(Path(tmp, "plain"), steps)
         ft_step, ddp_step = seconds_per_step(ft_run), seconds_per_step(plain)
         report.add("torchft step", ft_step, "s", steps=steps)
@@ -102,9 +231,28 @@ def run(quick: bool = False) -> Report:
         report.ratios["ft_step_over_ddp_step"] = ft_step / ddp_step
         progress.advance("ft step over ddp step", [("ratio", ft_step / ddp_step, "")])
 
-        killed = runs.run_ft(Path(tmp, "kill"), failures=1, seed=1, kinds=("kill",), steps=60)
-        ft = statistics.median(runs.ft_lost_s(killed))
-        report.add("ft_train lost per kill", ft, "s")
+        start_s, bandwidth = process_start_s(), loopback_bytes_per_s()
+        kinds = ("kill",) if quick else tuple(KINDS)
+        step_s, gap_s = 0.05, (0.2, 0.5)
+        # as many steps as the failures need, one after the other: each waits for the victim's
+        # rejoin (predicted), a heartbeat and a gap; a hang also holds the collective's timeout
+        base = engine.Settings(step_seconds=step_s)
+        need_s = (len(kinds) * (rejoin_predicted_s(base, start_s, bandwidth)
+                                + base.heartbeat_timeout_ms / 1000 + gap_s[1])
+                  + base.timeout_s + 1.0)
+        settings = engine.Settings(steps=int(1.3 * need_s / step_s) + 10, step_seconds=step_s,
+                                   deadline_s=300.0)
+        chaos_run = runs.run_ft(Path(tmp, "chaos"), failures=len(kinds), seed=1, kinds=kinds,
+                                in_order=True, hang_ends=(signal.SIGKILL,), gap_s=gap_s,
+                                steps=settings.steps, step_seconds=step_s,
+                                deadline_s=settings.deadline_s)
+        report.add("chaos run", chaos_run["seconds"], "s", failures=[
+            f["what"] for f in chaos_run["failures"]], failed_checks=[
+            c["name"] for c in chaos_run["checks"] if not c["ok"]])
+        recovery(report, chaos_run, settings, start_s, bandwidth)
+        ft = next((m.value for m in report.measurements if m.name == "stall kill"), None)
+        if ft is None:
+            raise RuntimeError(f"the chaos run measured no kill: {chaos_run['failures']}")
         report.ratios["ft_recovery_s"] = ft
         progress.advance("ft recovery", [("ft lost", ft, "s")])
         if not quick:

@@ -2,11 +2,12 @@
 at moments drawn from a seed, each logged with its wall time (and, after the run, the step
 it landed in).
 
-Kinds: ``kill`` (SIGKILL of a random rank), ``segv`` (SIGSEGV), ``hang`` (SIGSTOP past the
-timeouts, then SIGKILL or SIGCONT), ``lighthouse`` (killed, started again at the same
-address), ``heal`` (a rank killed, then its replacement killed as soon as it has started,
-while it joins and heals), ``quorum`` (a rank killed just after a step, while the next
-quorum forms), ``two`` (a rank of each of two groups at once; three groups or more).
+Kinds: ``kill`` (SIGKILL of a random rank), ``segv`` (SIGSEGV), ``term`` (SIGTERM: the rank
+ends by the default action, its sockets closed by the kernel, as a rank does that exits on
+an error), ``hang`` (SIGSTOP past the timeouts, then SIGKILL or SIGCONT), ``lighthouse``
+(killed, started again at the same address), ``heal`` (a rank killed, then its replacement
+killed as soon as it has started, while it joins and heals), ``quorum`` (a rank killed just
+after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more).
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import time
 from ddpguide.core.processes import signal_all
 from ddpguide.failures import engine
 
-KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two")
+KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term")
 
 
 class Chaos:
     """Failures injected into a running :class:`engine.Job`, one after the other."""
 
     def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
-                 gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False):
+                 gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False,
+                 hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT)):
         self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
+        self.hang_ends = hang_ends     # what ends a hang: drawn from these
         self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
         self.log: list[dict] = []
 
@@ -91,11 +94,11 @@ class Chaos:
             signal_all(pids, signal.SIGSTOP)
             self._note("SIGSTOP", victims, pids)
             time.sleep(self.job.settings.timeout_s + 1.0)   # past every timeout
-            sig = self.rng.choice([signal.SIGKILL, signal.SIGCONT])
+            sig = self.rng.choice(self.hang_ends)
             signal_all(pids, sig)
             self._note(signal.Signals(sig).name, victims, pids, after="SIGSTOP")
             return
-        sig = signal.SIGSEGV if kind == "segv" else signal.SIGKILL
+        sig = {"segv": signal.SIGSEGV, "term": signal.SIGTERM}.get(kind, signal.SIGKILL)
         signal_all(pids, sig)
         self._note(f"{signal.Signals(sig).name} ({kind})", victims, pids)
         if kind == "heal":                   # the replacement, while it joins and heals

@@ -105,6 +105,25 @@ def participants_match(report: dict) -> list[str]:
             if r["committed"] and r["participants"] != len(who[r["step"]])]
 
 
+def ring_sum(flats: list[torch.Tensor]) -> torch.Tensor:
+    """The sum gloo's ring all-reduce computes over ``n`` ranks' flat tensors, bit for bit:
+    the tensor is cut into ``n`` chunks of ceil(N / n) elements rounded up to an even number,
+    and chunk k is added up starting at rank k + 1, around the ring, ending at rank k. (With
+    2 ranks any order gives the same bits; with 3, (g1 + g2) + g0 and (g0 + g1) + g2 differ in
+    the last bit.)"""
+    n, size = len(flats), flats[0].numel()
+    chunk = -(-size // n)
+    chunk += chunk % 2
+    total = torch.empty_like(flats[0])
+    for k in range(n):
+        part = slice(k * chunk, min(size, (k + 1) * chunk))
+        acc = flats[(k + 1) % n][part].clone()
+        for j in range(2, n + 1):
+            acc += flats[(k + j) % n][part]
+        total[part] = acc
+    return total
+
+
 def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
     """One process, the program's model and batches; the weights after 0, 1, ... steps.
 
@@ -112,14 +131,16 @@ def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
     do: inside a group, FSDP2 divides each rank's gradient by the group's size before its
     reduce-scatter sums them (in float64 it pre-divides, ``_get_gradient_divide_factors`` in
     torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); across groups, torchft's
-    Manager.allreduce sums (ReduceOp.AVG becomes SUM) and divides by the participants. Then
-    one SGD step."""
+    Manager.allreduce sums (ReduceOp.AVG becomes SUM) and divides by the participants; with
+    one rank a group, the sum is gloo's over DDP's one bucket (the parameters in order,
+    flattened), added in the ring's order (``ring_sum``). Then one SGD step."""
     size = report.get("group_size", 1)
     model = program.make_model(report["seed"], report.get("hidden", program.DIMS[1]))
     optimizer = torch.optim.SGD(model.parameters(), lr=report["lr"])
     weights = [[p.detach().clone() for p in model.parameters()]]
     for step, groups in contributors(report).items():
         total = [torch.zeros_like(p) for p in model.parameters()]
+        grads = []
         for g in groups:
             group = [torch.zeros_like(p) for p in model.parameters()]
             for rank in range(size):
@@ -130,8 +151,15 @@ def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
                     t += p.grad / size
             for t, h in zip(total, group):
                 t += h
-        for t, p in zip(total, model.parameters()):
-            p.grad = t / len(groups)
+            grads.append(torch.cat([h.flatten() for h in group]))
+        if size == 1 and len(groups) > 2:   # the order of the sum shows in the last bit
+            flat = ring_sum(grads) / len(groups)
+            sizes = [p.numel() for p in model.parameters()]
+            for t, p in zip(flat.split(sizes), model.parameters()):
+                p.grad = t.view_as(p).clone()
+        else:
+            for t, p in zip(total, model.parameters()):
+                p.grad = t / len(groups)
         optimizer.step()
         weights.append([p.detach().clone() for p in model.parameters()])
     return weights

@@ -6,6 +6,7 @@ lighthouse and the groups' torchrun jobs (:mod:`.engine`), injects the failures
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -29,16 +30,20 @@ def stall_bound_s(settings: engine.Settings) -> float:
 
 
 def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
-        kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False) -> dict:
+        kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False,
+        hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
+        gap_s: tuple[float, float] = (1.0, 3.0)) -> dict:
     """Run, inject ``failures`` failures drawn from ``seed`` (of ``kinds`` in turn when
-    ``in_order``), check; the report as read back."""
+    ``in_order``; a hang ended by one of ``hang_ends``; each a random ``gap_s`` after every
+    group is back), check; the report as read back."""
     folder = Path(folder)
     start = time.time()
     until = time.monotonic() + settings.deadline_s
     job = engine.Job(settings, folder)
     try:
         job.start()
-        log = chaos.Chaos(job, seed, kinds, in_order=in_order).run(failures, until, margin) if failures else []
+        log = chaos.Chaos(job, seed, kinds, gap_s, in_order, hang_ends).run(
+            failures, until, margin) if failures else []
         finished = job.wait(until)
     finally:
         left = job.stop()

@@ -9,6 +9,7 @@ torchrun stops the other worker, starts both again, and they reload the checkpoi
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -24,13 +25,15 @@ PROGRAM = "ft_train.py"
 
 def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
            kinds: tuple[str, ...] = ("kill",), in_order: bool = False,
-           **settings: object) -> dict:
+           hang_ends: tuple[int, ...] = (signal.SIGKILL, signal.SIGCONT),
+           gap_s: tuple[float, float] = (1.0, 3.0), **settings: object) -> dict:
     """``ft_train.py`` under the engine (lighthouse + one torchrun per group) in ``folder``,
     with ``failures`` failures of ``kinds`` from ``seed``; the checked report."""
     from ddpguide.failures import engine, run
 
     return run.run(engine.Settings(**settings), folder, failures, seed, kinds,  # type: ignore[arg-type]
-                   in_order=in_order)
+                   in_order=in_order, hang_ends=tuple(signal.Signals(s) for s in hang_ends),
+                   gap_s=gap_s)
 
 
 def run_plain_ddp(folder: Path, steps: int) -> dict:
@@ -48,6 +51,12 @@ def run_plain_ddp(folder: Path, steps: int) -> dict:
     return {"inner": [], "step": [r for r in engine.read_rows(folder) if r["event"] == "step"]}
 
 
+def heal_bytes(settings) -> int:
+    """The state a heal moves: the model's parameters (SGD without momentum keeps no state)."""
+    model = programs.load(PROGRAM).make_model(settings.seed, settings.hidden)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def copied(folder: str | Path) -> Path:
     """A copy of ``ft_train.py`` alone in ``folder``, for runs started elsewhere (on the nodes
     of chapter 15's cluster)."""
@@ -60,20 +69,25 @@ def step_interval_s(times: list[float]) -> float:
     return statistics.median(gaps) if gaps else 0.0
 
 
+def lost_s(report: dict, failure: dict, window: int = 3) -> float | None:
+    """How long the first group ``failure`` did not hit stalled: the gaps between its commits
+    from the last one before the failure to the ``window``-th after it, less ``window``
+    ordinary steps (the median gap between its commits before it); None without commits on
+    both sides."""
+    spared = min(g for g in range(report["groups"]) if g not in failure["groups"])
+    mine = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
+                  and r["group"] == spared)
+    before = [t for t in mine if t <= failure["time"]]
+    after = [t for t in mine if t > failure["time"]][:window]
+    if not (before and after):
+        return None
+    return after[-1] - before[-1] - len(after) * step_interval_s(before)
+
+
 def ft_lost_s(report: dict, window: int = 3) -> list[float]:
-    """For each failure: how long the groups it did not hit stalled, the gaps between their
-    commits from the last one before it to the ``window``-th after it, less ``window``
-    ordinary steps (the median gap between commits before it)."""
-    lost = []
-    for failure in report["failures"]:
-        mine = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
-                      and r["group"] not in failure["groups"] and r["group"] == min(
-                          g for g in range(report["groups"]) if g not in failure["groups"]))
-        before = [t for t in mine if t <= failure["time"]]
-        after = [t for t in mine if t > failure["time"]][:window]
-        if before and after:
-            lost.append(after[-1] - before[-1] - len(after) * step_interval_s(before))
-    return lost
+    """For each failure (that has commits on both sides): what it cost the survivors."""
+    lost = (lost_s(report, f, window) for f in report["failures"])
+    return [x for x in lost if x is not None]
 
 
 def _workers(agent: int) -> list[int]:

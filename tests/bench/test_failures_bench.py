@@ -19,6 +19,11 @@ def test_quick_mode_reports_the_ratios_with_their_anchors():
     assert plain.details["same_weights"] is True   # torchft's DDP and torch's: bitwise equal
     assert any(m.name == "torchft step" for m in report.measurements)
     assert "torchrun_recovery_s" not in ratios  # the full mode only
+    chaos = next(m for m in report.measurements if m.name == "chaos run")
+    assert chaos.details["failures"] == ["SIGKILL (kill)"]   # the full mode adds hang, term
+    assert chaos.details["failed_checks"] == []
+    assert ratios["stall_measured_over_predicted_kill"] > 0
+    assert ratios["rejoin_measured_over_predicted_kill"] > 0
     assert set(ratios) <= set(appendix.ANCHORS["failures"])
 
 
@@ -36,3 +41,33 @@ def test_step_time_and_bytes_per_sync_read_from_a_report():
          "bytes": 80 * ((i + 1) // h), "calls": 4 * ((i + 1) // h)} for i in range(12)]}
     assert failures.seconds_per_step(diloco) == 0.25
     assert failures.per_sync(diloco) == (80.0, 4.0)
+
+
+def _survivor_report(contributed: list[dict]) -> dict:
+    """Group 1 commits every 0.2 s until 10.0, then at 11.5, 11.7, 11.9; group 0 is hit."""
+    times = [8.0 + 0.2 * i for i in range(11)] + [11.5, 11.7, 11.9]
+    return {"groups": 2, "step": [{"group": 1, "rank": 0, "committed": True, "time": t,
+                                   "step": i} for i, t in enumerate(times)],
+            "contributed": contributed, "healed": [{"group": 0, "time": 17.0},
+                                                   {"group": 0, "time": 9.0}]}
+
+
+def test_a_stall_is_predicted_from_the_timeouts_and_where_the_failure_landed():
+    from ddpguide.failures import engine
+
+    settings = engine.Settings(step_seconds=0.1, timeout_s=5, heartbeat_timeout_ms=1000,
+                               join_timeout_ms=3000, quorum_tick_ms=100)
+    report = _survivor_report([{"group": 1, "time": 10.3, "participants": 2}])
+    kill = {"what": "SIGKILL (kill)", "groups": [0], "time": 10.05}
+    # last commit 10.0, asks at 10.1; the victim's heartbeat is 1 s old at 11.05; half a tick
+    assert failures.stall_predicted_s(report, kill, settings) == pytest.approx(0.95 + 0.05)
+    shorter_join = engine.Settings(step_seconds=0.1, join_timeout_ms=500, quorum_tick_ms=100)
+    assert failures.stall_predicted_s(report, kill, shorter_join) == pytest.approx(0.5 + 0.05)
+    # stopped inside an all-reduce with every group: the collective's timeout, a step, a tick
+    stop = {**kill, "what": "SIGSTOP", "time": 10.25}
+    assert failures.stall_predicted_s(report, stop, settings) == pytest.approx(5 + 0.1 + 0.05)
+    outside = _survivor_report([{"group": 1, "time": 10.3, "participants": 1}])
+    assert failures.stall_predicted_s(outside, stop, settings) == pytest.approx(1.15 + 0.05)
+    # rejoin: from the signal to the group's first heal after it
+    assert failures.rejoin_measured_s(report, kill) == pytest.approx(17.0 - 10.05)
+    assert failures.rejoin_measured_s(report, {**kill, "time": 18.0}) is None

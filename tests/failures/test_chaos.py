@@ -32,3 +32,26 @@ def test_a_long_chaos_run_of_every_kind(tmp_path, seed, group_size):
                          group_size=group_size, steps=400, step_seconds=0.1, deadline_s=400.0)
     assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
     assert len(report["failures"]) >= 6, report["failures"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("kind, groups", [("heal", 2), ("quorum", 2), ("two", 3)])
+def test_a_rank_killed_while_its_group_heals_or_a_quorum_forms_or_two_groups_at_once(
+        tmp_path, kind, groups):
+    """heal: the replacement is killed as soon as its Manager is up (its "started" row), while
+    it joins its first quorum and heals; quorum: just after a step row, while the next quorum
+    forms; two: a rank of each of two of three groups at once."""
+    report = runs.run_ft(tmp_path / "run", failures=1, seed=4, kinds=(kind,), groups=groups,
+                         steps=150, step_seconds=0.1, deadline_s=240.0)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    whats = [f["what"] for f in report["failures"]]
+    victims = report["failures"][0]["groups"]
+    incarnations = {g: max(r["incarnation"] for r in report["started"] if r["group"] == g)
+                    for g in victims}
+    if kind == "heal":   # the replacement killed too: the group came back a second time
+        assert whats == ["SIGKILL (heal)", "SIGKILL (while healing)"], whats
+        assert list(incarnations.values()) == [2]
+    else:
+        assert whats == [f"SIGKILL ({kind})"], whats
+        assert list(incarnations.values()) == [1] * (2 if kind == "two" else 1)
