@@ -35,6 +35,7 @@ class State:
         # are torn down only at interpreter exit, where they abort the process (SIGABRT)
         self.nccl_groups: weakref.WeakSet[Any] = weakref.WeakSet()
         self.queued = False  # GPU work launched since the last synchronisation
+        self.in_flight: set[Any] = set()  # nccl works launched asynchronously, not yet waited
         self.calls: dict[str, int] = {}
         self.reported: set[str] = set()
 
