@@ -192,8 +192,10 @@ def _track_in_flight(modules: tuple[Any, ...]) -> None:
                 ops = args[0] if __name == "batch_isend_irecv" and args else ()
                 group = ops[0].group if ops else kwargs.get("group")
                 if _group_is_nccl(group):
-                    state.in_flight.update(w for w in (out if isinstance(out, list) else [out])
-                                           if w is not None)
+                    works = tuple(w for w in (out if isinstance(out, list) else [out]) if w is not None)
+                    state.in_flight.update(works)
+                    for work in works:  # nccl runs a batch as one group: one work for all
+                        state.batch_of[work] = works
             return out
 
         for module in modules:
@@ -203,7 +205,9 @@ def _track_in_flight(modules: tuple[Any, ...]) -> None:
 
     @functools.wraps(wait)
     def waited(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state.in_flight.discard(self)
+        for work in state.batch_of.pop(self, (self,)):
+            state.in_flight.discard(work)
+            state.batch_of.pop(work, None)
         return wait(self, *args, **kwargs)
 
     dist.Work.wait = waited  # type: ignore[method-assign]
@@ -225,4 +229,5 @@ def synchronize(device: Any = None) -> None:
                        "waits for NCCL's streams, so a span it bounds counts the transfers; record "
                        "CUDA events on the compute stream instead")
     state.in_flight.clear()  # done, on a GPU, once synchronize returns
+    state.batch_of.clear()
     state.queued = False

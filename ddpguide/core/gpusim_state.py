@@ -36,6 +36,7 @@ class State:
         self.nccl_groups: weakref.WeakSet[Any] = weakref.WeakSet()
         self.queued = False  # GPU work launched since the last synchronisation
         self.in_flight: set[Any] = set()  # nccl works launched asynchronously, not yet waited
+        self.batch_of: dict[Any, tuple[Any, ...]] = {}  # a work: the works of its batch
         self.calls: dict[str, int] = {}
         self.reported: set[str] = set()
 
