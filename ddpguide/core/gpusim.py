@@ -16,6 +16,8 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
   a group refuses a host tensor as nccl does ("No backend type associated with device type
   cpu"), a tensor of a device other than the rank's, and two ranks of one job on one GPU
   ("Duplicate GPU detected"); ``DistributedDataParallel`` refuses a module left on the host;
+* ``torch.cuda.is_bf16_supported()`` is True, or False with ``DDPGUIDE_SIMULATE_GPU_BF16=0``
+  (a GPU older than compute capability 8.0);
 * CUDA-only calls (``synchronize``, ``Event``, memory statistics and
   properties, ``set_device``) are stubs
   that are recorded, and a ``time.perf_counter()`` read by the program while GPU work is
@@ -40,9 +42,9 @@ import torch
 
 from ddpguide.core import gpusim_nccl, gpusim_placement
 from ddpguide.core import gpusim_state as sim
-from ddpguide.core.gpusim_state import ENV, LOG_ENV, SITE, State, visible_gpus
+from ddpguide.core.gpusim_state import BF16_ENV, ENV, LOG_ENV, SITE, State, visible_gpus
 
-__all__ = ["ENV", "LOG_ENV", "SITE", "State", "environment", "install", "install_from_environ",
+__all__ = ["BF16_ENV", "ENV", "LOG_ENV", "SITE", "State", "environment", "install", "install_from_environ",
            "visible_gpus"]
 _SELF = os.path.abspath(__file__)
 
@@ -101,7 +103,8 @@ def install(gpus: int) -> State:
         setattr(cuda, name, _stub(name, 0))
     cuda.reset_peak_memory_stats = _stub("reset_peak_memory_stats")
     cuda.empty_cache = _stub("empty_cache")
-    cuda.is_bf16_supported = lambda *a, **k: True
+    bf16 = os.environ.get(BF16_ENV, "1").strip() != "0"  # 0: a GPU older than Ampere
+    cuda.is_bf16_supported = lambda *a, **k: bf16
     cuda.get_device_name = lambda *a: "simulated GPU"
     cuda.get_device_properties = _properties
     cuda.mem_get_info = lambda *a: (_MEMORY, _MEMORY)

@@ -13,6 +13,7 @@ import torch
 
 ENV = "DDPGUIDE_SIMULATE_GPUS"
 LOG_ENV = "DDPGUIDE_GPUSIM_LOG"
+BF16_ENV = "DDPGUIDE_SIMULATE_GPU_BF16"  # "0": the simulated GPUs have no bfloat16
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpusim_site")
 TAG = "_gpusim_device"  # the attribute a tensor "on" cuda:K carries: K (HOST: made on the host)
 HOST = -1
