@@ -73,13 +73,25 @@ def rank_device() -> torch.device:
     return torch.device("cpu")
 
 
+TIMEOUT = timedelta(seconds=60)  # every collective of every group gives up after this
+
+
+def mesh_2d(device_type, names):
+    """A 2x2 mesh. It makes one process group per mesh dimension; without these options they
+    would get c10d's default timeout, not TIMEOUT (30 minutes on gloo, 10 on nccl)."""
+    nccl = dist.get_backend() == "nccl"
+    options = dist.ProcessGroupNCCL.Options() if nccl else dist.ProcessGroupGloo.Options("gloo")
+    options._timeout = TIMEOUT
+    return init_device_mesh(device_type, (2, 2), mesh_dim_names=names,
+                            backend_override=dict.fromkeys(names, options))
+
+
 def main():
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = rank_device().type
     if device == "cuda":
         torch.cuda.set_device(rank_device())
-    dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=TIMEOUT)
     failures = []
 
     def show(step: str, expected: torch.Tensor, tensor: DTensor, comm: str = ""):
@@ -114,7 +126,7 @@ def main():
     show("P -> R", full @ w, *collectives(lambda: product.redistribute(mesh, [Replicate()])))
     show("P -> S(0)", full @ w, *collectives(lambda: product.redistribute(mesh, [Shard(0)])))
 
-    mesh2d = init_device_mesh(device, (2, 2), mesh_dim_names=("rows", "cols"))
+    mesh2d = mesh_2d(device, ("rows", "cols"))
     blocks = distribute_tensor(full, mesh2d, [Shard(0), Shard(1)])
     show("2x2 mesh, distribute (S(0), S(1))", full, blocks)
     show("2x2 mesh, distribute (R, S(0))", full,

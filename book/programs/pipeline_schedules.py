@@ -11,10 +11,11 @@ For each schedule a rank prints one line: the largest gradient and loss differen
 and the activations its stages held at the peak (in chunks: one micro-batch through one
 stage). With --time N, N timed steps follow the checked ones: each rank records when
 each of its forwards and backwards (F, B, I, W) starts and ends, on a clock started at a
-barrier before the step, and rank 0 prints the median step's bubble. The step runs from
-the first compute on any rank to the last; whatever of it a rank does not compute, it
-idles (waits for an input, sends, receives, runs the schedule's own code); the bubble is
-idle over busy time, all ranks together. --pin-cores gives each rank a core of its own and
+barrier before the step (on CUDA, events recorded on the compute stream), and rank 0
+prints the median step's bubble. The step runs from the first compute on any rank to
+the last; whatever of it a rank does not compute, it idles (waits for an input, sends,
+receives, runs the schedule's own code); the bubble is idle over busy time, all ranks
+together. --pin-cores gives each rank a core of its own and
 one thread, so that what a rank waits for is the schedule; on Linux each rank then also
 reads how much CPU time other processes took on its core during the step (/proc/stat, less
 its own), since their work passes for a bubble. With --dp 2 the ranks form a
@@ -143,22 +144,39 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def clock(device):
+    """Now, on the clock the spans are read on: the CPU's, or on CUDA an event recorded on the
+    compute stream (it marks when the kernels queued before it have run)."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def seconds_between(start, end):
+    """Seconds from one clock() to another; events are read once the step is done (synchronised)."""
+    return start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
+
+
 def time_compute(stage, spans, device):
     """Append (kind, stage, start, end) to spans for each forward (F), full backward (B),
-    backward-input (I) and backward-weight (W) of a stage, in seconds on this rank's clock."""
+    backward-input (I) and backward-weight (W) of a stage, each end a clock().
+
+    On CUDA the two ends are events on the compute stream, not torch.cuda.synchronize():
+    that waits for every stream of the device, NCCL's too, so a span would count the
+    receives the schedule posted ahead and the sends its peer has not taken yet."""
     kinds = {"forward_one_chunk": lambda kw: "F", "backward_weight_one_chunk": lambda kw: "W",
              "backward_one_chunk": lambda kw: "B" if kw.get("full_backward", True) else "I"}
     for name, kind in kinds.items():
         method = getattr(stage, name)
 
         def timed(*args, _method=method, _kind=kind, **kwargs):
-            synchronize(device)
-            start = time.perf_counter()
+            start = clock(device)
             try:
                 return _method(*args, **kwargs)
             finally:
-                synchronize(device)
-                spans.append((_kind(kwargs), stage.stage_index, start, time.perf_counter()))
+                spans.append((_kind(kwargs), stage.stage_index, start, clock(device)))
         setattr(stage, name, timed)
 
 
@@ -243,16 +261,16 @@ def run_schedule(args, name, m, rank, mesh, device):
         spans.clear()
         dist.barrier()  # every rank starts its clock here, so that their spans line up
         synchronize(device)
-        start, others = time.perf_counter(), others_on_my_core()
+        start, others = clock(device), others_on_my_core()
         with meter.hooks():
             schedule.step(x[mine] if 0 in indices else None,
                           target=y[mine] if n_stages - 1 in indices else None, losses=losses)
-        synchronize(device)
+        synchronize(device)  # the whole step, its transfers included: every event has been reached
         if step >= args.steps:  # timed steps: no comparison
             if others is not None:
                 others = others_on_my_core() - others
-            timed.append({"spans": [(k, i, a - start, b - start) for k, i, a, b in spans],
-                          "others_on_core": others})
+            timed.append({"spans": [(k, i, seconds_between(start, a), seconds_between(start, b))
+                                    for k, i, a, b in spans], "others_on_core": others})
             continue
         reference.zero_grad()
         reference_loss = (reference(x) - y).pow(2).mean()

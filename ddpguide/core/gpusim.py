@@ -16,7 +16,10 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
   a group refuses a host tensor as nccl does ("No backend type associated with device type
   cpu"), a tensor of a device other than the rank's, and two ranks of one job on one GPU
   ("Duplicate GPU detected"); ``DistributedDataParallel`` refuses a module left on the host;
-* CUDA-only calls (``synchronize``, ``Event``, memory statistics, ``set_device``) are stubs
+* ``torch.cuda.is_bf16_supported()`` is True, or False with ``DDPGUIDE_SIMULATE_GPU_BF16=0``
+  (a GPU older than compute capability 8.0);
+* CUDA-only calls (``synchronize``, ``Event``, memory statistics and
+  properties, ``set_device``) are stubs
   that are recorded, and a ``time.perf_counter()`` read by the program while GPU work is
   queued (a collective or a backward pass on the GPU, and no ``synchronize``, event or host
   copy since) is reported: on a GPU that timer
@@ -39,19 +42,17 @@ import torch
 
 from ddpguide.core import gpusim_nccl, gpusim_placement
 from ddpguide.core import gpusim_state as sim
-from ddpguide.core.gpusim_state import ENV, LOG_ENV, SITE, State, visible_gpus
+from ddpguide.core.gpusim_state import BF16_ENV, ENV, LOG_ENV, SITE, State, visible_gpus
 
-__all__ = ["ENV", "LOG_ENV", "SITE", "State", "environment", "install", "install_from_environ",
+__all__ = ["BF16_ENV", "ENV", "LOG_ENV", "SITE", "State", "environment", "install", "install_from_environ",
            "visible_gpus"]
 _SELF = os.path.abspath(__file__)
 
 
-def _stub(name: str, value: Any = None, syncs: bool = False) -> Any:
+def _stub(name: str, value: Any = None) -> Any:
     def stub(*args: Any, **kwargs: Any) -> Any:
         assert sim.STATE is not None
         sim.STATE.record(name)
-        if syncs:
-            sim.STATE.queued = False
         return value(*args) if callable(value) else value
     return stub
 
@@ -62,6 +63,21 @@ def _set_device(device: Any) -> None:
     index = sim.cuda_index(device, sim.STATE)
     if index is not None:
         sim.STATE.current = index
+
+
+_MEMORY = 80 * 2**30  # a simulated GPU's memory, all of it free
+
+
+def _properties(device: Any = None) -> Any:
+    """``torch.cuda.get_device_properties``: a name, a UUID per physical GPU, the memory."""
+    from types import SimpleNamespace
+
+    assert sim.STATE is not None
+    index = sim.cuda_index(device if device is not None else "cuda", sim.STATE) or 0
+    visible = visible_gpus(sim.STATE.gpus)
+    physical = visible[index] if index < len(visible) else index
+    return SimpleNamespace(name="simulated GPU", uuid=f"GPU-simulated-{physical}",
+                           total_memory=_MEMORY, major=9, minor=0, multi_processor_count=1)
 
 
 def install(gpus: int) -> State:
@@ -75,7 +91,7 @@ def install(gpus: int) -> State:
     cuda.device_count = lambda: count
     cuda.set_device = _set_device
     cuda.current_device = lambda: state.current
-    cuda.synchronize = _stub("synchronize", syncs=True)
+    cuda.synchronize = gpusim_nccl.synchronize
     setattr(cuda, "Event", gpusim_placement.Event)  # noqa: B010
     stream: Any = lambda *a, **k: gpusim_placement.Stream()  # noqa: E731
     for module, name in ((cuda, "current_stream"), (cuda, "default_stream"), (cuda, "stream"),
@@ -87,9 +103,15 @@ def install(gpus: int) -> State:
         setattr(cuda, name, _stub(name, 0))
     cuda.reset_peak_memory_stats = _stub("reset_peak_memory_stats")
     cuda.empty_cache = _stub("empty_cache")
-    cuda.is_bf16_supported = lambda *a, **k: True
+    bf16 = os.environ.get(BF16_ENV, "1").strip() != "0"  # 0: a GPU older than Ampere
+    cuda.is_bf16_supported = lambda *a, **k: bf16
     cuda.get_device_name = lambda *a: "simulated GPU"
+    cuda.get_device_properties = _properties
+    cuda.mem_get_info = lambda *a: (_MEMORY, _MEMORY)
+    cuda.nccl.version = lambda: (2, 0, 0)
     cuda.manual_seed = cuda.manual_seed_all = lambda seed: None
+    cuda.get_rng_state = lambda *a, **k: torch.zeros(0, dtype=torch.uint8)  # fork_rng's
+    cuda.set_rng_state = lambda *a, **k: None
     torch.load = _load(torch.load)
     time.perf_counter = gpusim_nccl.timer(time.perf_counter)
     gpusim_nccl.patch_dist()

@@ -1,6 +1,7 @@
 """nccl on the simulated GPU machine (:mod:`ddpguide.core.gpusim`): gloo underneath, and on
 top the refusals of nccl (a host tensor, another device's, a GPU two ranks share), DDP's of
-a module left on the host, DTensor's CUDA mesh as a CPU one, and the timer report."""
+a module left on the host, DTensor's CUDA mesh as a CPU one, the timer report, and the
+report of a ``torch.cuda.synchronize`` that would wait for NCCL's transfers."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ def patch_dist() -> None:
         module.new_group = new  # type: ignore[attr-defined]
         module.get_backend = get_backend  # type: ignore[attr-defined]
     wrap_collectives((dist, c10d), COLLECTIVES, "torch.distributed.", _before)
+    _track_in_flight((dist, c10d))
     import torch.distributed._functional_collectives as funcol
     wrap_collectives((funcol,), FUNCTIONAL, "functional ", _before)
     _patch_ddp()
@@ -148,7 +150,10 @@ def _patch_mesh() -> None:
     def init_device_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
         assert sim.STATE is not None
         sim.STATE.record("init_device_mesh(cuda)" if device_type == "cuda" else "init_device_mesh")
-        return original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+        mesh = original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+        if device_type == "cuda":  # its groups are nccl's on a GPU
+            sim.STATE.nccl_groups.update(mesh.get_group(i) for i in range(mesh.ndim))
+        return mesh
 
     device_mesh.init_device_mesh = init_device_mesh
     dist.device_mesh.init_device_mesh = init_device_mesh
@@ -167,3 +172,62 @@ def timer(original: Any) -> Any:
                        "this times the launches, not the work")
         return float(original())
     return read
+
+
+ASYNC = frozenset({"isend", "irecv", "batch_isend_irecv"})  # async whatever async_op says
+
+
+def _track_in_flight(modules: tuple[Any, ...]) -> None:
+    """Keep the works of nccl transfers launched asynchronously (by the program or by torch)
+    until they are waited for: on a GPU they run on NCCL's own streams meanwhile."""
+    state = sim.STATE
+    assert state is not None
+    for name in COLLECTIVES:
+        original = getattr(modules[0], name)
+
+        @functools.wraps(original)
+        def tracked(*args: Any, __original: Any = original, __name: str = name, **kwargs: Any) -> Any:
+            out = __original(*args, **kwargs)
+            if __name in ASYNC or kwargs.get("async_op"):
+                ops = args[0] if __name == "batch_isend_irecv" and args else ()
+                group = ops[0].group if ops else kwargs.get("group")
+                if _group_is_nccl(group):
+                    works = tuple(w for w in (out if isinstance(out, list) else [out]) if w is not None)
+                    state.in_flight.update(works)
+                    for work in works:  # nccl runs a batch as one group: one work for all
+                        state.batch_of[work] = works
+            return out
+
+        for module in modules:
+            if getattr(module, name, None) is original:
+                setattr(module, name, tracked)
+    wait = dist.Work.wait
+
+    @functools.wraps(wait)
+    def waited(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for work in state.batch_of.pop(self, (self,)):
+            state.in_flight.discard(work)
+            state.batch_of.pop(work, None)
+        return wait(self, *args, **kwargs)
+
+    dist.Work.wait = waited  # type: ignore[method-assign]
+
+
+def synchronize(device: Any = None) -> None:
+    """``torch.cuda.synchronize``: waits for every stream of the device, NCCL's included, so
+    one called while a transfer is in flight (a receive its peer has not sent yet) is
+    reported: a compute span that ends or starts at it counts the transfer."""
+    state = sim.STATE
+    assert state is not None
+    state.record("synchronize")
+    if state.in_flight:
+        where = sim.caller_outside_torch()
+        if where is not None and where not in state.reported:
+            state.reported.add(where)
+            sim.report("synchronize", f"{where}: torch.cuda.synchronize() while nccl transfers are "
+                       "in flight (isend, irecv or async_op=True, not yet waited): on a GPU it also "
+                       "waits for NCCL's streams, so a span it bounds counts the transfers; record "
+                       "CUDA events on the compute stream instead")
+    state.in_flight.clear()  # done, on a GPU, once synchronize returns
+    state.batch_of.clear()
+    state.queued = False

@@ -13,6 +13,7 @@ import torch
 
 ENV = "DDPGUIDE_SIMULATE_GPUS"
 LOG_ENV = "DDPGUIDE_GPUSIM_LOG"
+BF16_ENV = "DDPGUIDE_SIMULATE_GPU_BF16"  # "0": the simulated GPUs have no bfloat16
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpusim_site")
 TAG = "_gpusim_device"  # the attribute a tensor "on" cuda:K carries: K (HOST: made on the host)
 HOST = -1
@@ -35,6 +36,8 @@ class State:
         # are torn down only at interpreter exit, where they abort the process (SIGABRT)
         self.nccl_groups: weakref.WeakSet[Any] = weakref.WeakSet()
         self.queued = False  # GPU work launched since the last synchronisation
+        self.in_flight: set[Any] = set()  # nccl works launched asynchronously, not yet waited
+        self.batch_of: dict[Any, tuple[Any, ...]] = {}  # a work: the works of its batch
         self.calls: dict[str, int] = {}
         self.reported: set[str] = set()
 

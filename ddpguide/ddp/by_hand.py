@@ -200,6 +200,23 @@ def parameter_server(steps: int = 3, dtype: torch.dtype = torch.float32, lr: flo
     return {"parameters": flat, "single": parameters_to_vector(reference.parameters()).detach()}
 
 
+def _timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Seconds ``fn`` takes. On CUDA a collective returns once it is queued, so the two ends
+    are events on the compute stream, which waits for each all-reduce's result (not
+    ``torch.cuda.synchronize()``, which would also wait for whatever else NCCL's streams run)."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stream = torch.cuda.current_stream(device)
+    begin.record(stream)
+    fn()
+    end.record(stream)
+    end.synchronize()
+    return float(begin.elapsed_time(end)) / 1e3
+
+
 def bucketing_savings(layers: int = 64, width: int = 8, repeats: int = 15,
                       algorithm: str = "library") -> dict:
     """Worker: one all-reduce per parameter vs one flattened bucket, same gradients.
@@ -233,10 +250,9 @@ def bucketing_savings(layers: int = 64, width: int = 8, repeats: int = 15,
     for repeat in range(repeats + 1):
         for name, fn in cases.items():  # interleaved, so noise hits both alike
             dist.barrier()
-            start = time.perf_counter()
-            fn()
+            seconds = _timed(fn, grads[0].device)
             if repeat:  # the first round warms up
-                samples[name].append(time.perf_counter() - start)
+                samples[name].append(seconds)
     times = torch.tensor([samples[name] for name in cases], dtype=torch.float64,
                          device=grads[0].device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)

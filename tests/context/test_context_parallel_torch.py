@@ -33,3 +33,17 @@ def test_the_comparison_on_gpus_fails_beyond_its_stated_tolerance(worst, dtype, 
     program = load("context_parallel_torch.py")
     assert program.TOLERANCE == {torch.bfloat16: 2e-2, torch.float64: 1e-10}
     assert program.within_tolerance(worst, getattr(torch, dtype)) is ok
+
+
+def test_the_tolerance_is_relative_to_the_largest_value():
+    """A bfloat16 ulp grows with the value: two ulps at 3.33 (0.031) are rounding, while the
+    same difference on values of order 1 is not."""
+    import torch
+
+    from ddpguide.launch.programs import load
+
+    program = load("context_parallel_torch.py")
+    large = torch.tensor([3.33, -1.0, 0.5])
+    small = torch.tensor([1.0, -0.5, 0.25])
+    assert program.within_tolerance([program.scaled_difference(large + 0.031, large)], torch.bfloat16)
+    assert not program.within_tolerance([program.scaled_difference(small + 0.031, small)], torch.bfloat16)

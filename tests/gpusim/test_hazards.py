@@ -14,10 +14,10 @@ from ddpguide.core import gpusim
 pytestmark = pytest.mark.multiprocess
 
 
-def simulated(tmp_path, gpus: int, source: str) -> subprocess.CompletedProcess:
+def simulated(tmp_path, gpus: int, source: str, log=None) -> subprocess.CompletedProcess:
     body = "".join(f"    {line}\n" for line in source.splitlines())
     (tmp_path / "check.py").write_text(f"if __name__ == '__main__':  # spawn imports it again\n{body}")
-    return subprocess.run([sys.executable, "check.py"], cwd=tmp_path, env=gpusim.environment(gpus),
+    return subprocess.run([sys.executable, "check.py"], cwd=tmp_path, env=gpusim.environment(gpus, log),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -60,3 +60,15 @@ def test_chapter_4s_two_loopback_nodes_never_share_a_gpu(tmp_path, gpus):
         "assert [a.returncode for a in run.agents] == [0, 0], [a.output[-2000:] for a in run.agents]\n"))
     passes(done)
     assert "Duplicate GPU" not in done.stdout + done.stderr
+
+
+def test_chapter_2s_bucket_timer_waits_for_the_all_reduces(tmp_path):
+    """N2.1: the clock was read right after the all-reduces were queued (nccl at 2 GPUs)."""
+    done = simulated(tmp_path, 2, (
+        "from ddpguide.launch.spawn import spawn\nfrom ddpguide.ddp import by_hand\n"
+        "from ddpguide.core.runtime import select_runtime\n"
+        "assert select_runtime(2).backend == 'nccl'\n"
+        "print(spawn(by_hand.bucketing_savings, 2, 4, 4, 1, echo=False, timeout=120))\n"),
+        log=tmp_path / "gpusim.log")
+    passes(done)
+    assert not (tmp_path / "gpusim.log").exists(), (tmp_path / "gpusim.log").read_text()

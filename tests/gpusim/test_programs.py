@@ -62,3 +62,30 @@ def test_chapter_15s_sweep_runs_its_gpu_branch_across_two_nodes(tmp_path):
             agent.kill()
     assert [agent.returncode for agent in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     assert not log.exists(), log.read_text()
+
+
+def test_chapter_13s_spans_time_the_compute_stream_alone(tmp_path):
+    """N13.2: each compute span began and ended at torch.cuda.synchronize(), which on a GPU
+    also waits for the receives the schedule posted ahead and the sends not yet taken."""
+    done, found = run_simulated(tmp_path, "pipeline_schedules.py",
+                                ("--schedule", "1F1B", "--time", "1", "--steps", "1",
+                                 "--report", "report.json"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert found == []
+    timed = json.loads((tmp_path / "report.json").read_text())["runs"][0]["timed"]
+    assert 0 < timed["seconds"] and all(b > 0 for b in timed["steps"][0]["busy"])
+
+
+def test_the_capstone_s_bf16_utilisation_divides_by_a_bfloat16_rate(tmp_path):
+    """N14.1: under --bf16 the matmul rate was timed in float32, on a GPU about 15 times
+    below the bfloat16 rate of the matmuls the step runs."""
+    log = tmp_path / "gpusim.log"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=1", path_of("gpt/train.py"), "--steps", "3", "--cost",
+                           "--bf16", "--report", "report.json"], cwd=tmp_path,
+                          env=gpusim.environment(1, log), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert not log.exists(), log.read_text()
+    cost = json.loads((tmp_path / "report.json").read_text())["cost"]
+    assert cost["peak_dtype"] == "bfloat16" and cost["mfu"] > 0
+    assert "GFLOP/s a rank in bfloat16; model FLOPs / measured matmul rate" in done.stdout

@@ -50,3 +50,21 @@ def test_it_asks_for_four_ranks(tmp_path, monkeypatch, capsys):
     stderr = parse_error(path, [], monkeypatch, capsys, check="check_launch")
     assert stderr == ("dtensor_sbp.py: error: needs 4 ranks (WORLD_SIZE=None): start me with "
                       "torchrun --standalone --nproc-per-node=4 dtensor_sbp.py\n")
+
+
+def test_the_2d_mesh_groups_get_the_program_s_timeout(monkeypatch):
+    """Without backend_override a mesh's groups take c10d's default timeout (30 min on gloo),
+    not the 60 s the program gives its default group."""
+    import torch.distributed as dist
+
+    from ddpguide.launch.programs import load
+
+    program = load("dtensor_sbp.py")
+    asked = {}
+    monkeypatch.setattr(program, "init_device_mesh", lambda *args, **kwargs: asked.update(kwargs))
+    for backend in ("gloo", "nccl"):
+        monkeypatch.setattr(dist, "get_backend", lambda group=None, b=backend: b)
+        program.mesh_2d("cpu", ("rows", "cols"))
+        options = asked["backend_override"]
+        assert set(options) == {"rows", "cols"}
+        assert all(o._timeout == program.TIMEOUT for o in options.values()), backend

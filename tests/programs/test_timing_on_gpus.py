@@ -1,7 +1,8 @@
-"""The programs that time compute wait for the device before they read the clock: on CUDA a
-kernel returns before it has run, so an unsynchronised timer measures launches. Checked with a
-CUDA device simulated (torch.cuda.synchronize recorded); the capstone's matmul rate is
-measured on the run's device, not on the CPU."""
+"""The programs that time compute wait for the device before they read the clock, or time it
+with events on the compute stream: on CUDA a kernel returns before it has run, so an
+unsynchronised timer measures launches. Checked with a CUDA device simulated
+(torch.cuda.synchronize and the events recorded); the capstone's matmul rate is measured on
+the run's device, not on the CPU."""
 
 from __future__ import annotations
 
@@ -12,10 +13,26 @@ from ddpguide.launch.programs import load
 CUDA = torch.device("cuda", 0)
 
 
-def test_pipeline_schedules_times_each_stage_call_between_two_synchronisations(monkeypatch):
+def test_pipeline_schedules_times_each_stage_call_between_two_compute_stream_events(monkeypatch):
+    """On CUDA a span's ends are events on the compute stream: torch.cuda.synchronize() would
+    wait for NCCL's streams too (the receives posted ahead of the compute)."""
     program = load("pipeline_schedules.py")
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(("sync", device)))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream", device))
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream):
+            events.append(("record", stream))
+            self.at = len(events)
+
+        def elapsed_time(self, end):
+            return float(end.at - self.at)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
 
     class Stage:
         stage_index = 3
@@ -29,13 +46,14 @@ def test_pipeline_schedules_times_each_stage_call_between_two_synchronisations(m
     program.time_compute(stage, spans, CUDA)
     stage.forward_one_chunk()
     stage.backward_one_chunk(0, full_backward=False)
-    assert events == [("sync", CUDA), "forward", ("sync", CUDA)] * 2
+    assert events == [("record", ("stream", CUDA)), "forward", ("record", ("stream", CUDA))] * 2
     assert [(kind, index) for kind, index, *_ in spans] == [("F", 3), ("I", 3)]
-    assert all(start <= end for *_, start, end in spans)
+    assert [program.seconds_between(start, end) for *_, start, end in spans] == [2e-3, 2e-3]
     events.clear()
     program.time_compute(stage := Stage(), spans, torch.device("cpu"))
     stage.forward_one_chunk()
     assert events == ["forward"]  # the CPU runs each operation before it returns
+    assert isinstance(spans[-1][2], float) and spans[-1][2] <= spans[-1][3]
 
 
 def test_the_capstone_measures_its_matmul_rate_on_the_run_s_device(monkeypatch):

@@ -191,8 +191,11 @@ class Meter:
         rows = args.batch // layout.data_parallel * config.seq // layout.cp
         dist.barrier()  # every rank times its matmul at once: the same contention as training
         self.device = next(stage.parameters()).device
-        self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim,
-                                getattr(torch, args.dtype), self.device)
+        # the dtype the step's matmuls run in: bfloat16 under --bf16 (FSDP2 casts the float32
+        # parameters), where a float32 rate would be far lower on a GPU (no tensor cores)
+        self.peak_dtype = torch.bfloat16 if args.bf16 else getattr(torch, args.dtype)
+        self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim, self.peak_dtype,
+                                self.device)
         if dist.get_rank() == 0:
             mine = self.prediction["bytes"][0]
             print("cost predicted, rank 0: " + ", ".join(f"{k} {v} B" for k, v in mine.items())
@@ -258,9 +261,11 @@ class Meter:
         peak = min(e["peak_flops"] for e in every)
         mfu = predicted["flops"] / step / (peak * self.layout.world)
         print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
-              f"{peak / 1e9:.2f} GFLOP/s a rank; model-FLOPs utilisation {mfu:.3f}")
+              f"{peak / 1e9:.2f} GFLOP/s a rank in {str(self.peak_dtype).removeprefix('torch.')}; "
+              f"model FLOPs / measured matmul rate {mfu:.3f}")
         return {"predicted": predicted, "counted": [e["bytes"] for e in every],
                 "calls": [e["calls"] for e in every], "memory": [e["memory"] for e in every],
                 "step_seconds": step, "peak_flops": peak, "mfu": mfu,
+                "peak_dtype": str(self.peak_dtype).removeprefix("torch."),
                 "first_step_seconds": max(e["seconds"][0] for e in every),
                 "layout": asdict(self.layout), "microbatches": self.args.microbatches}
