@@ -23,17 +23,44 @@ import torch
 
 
 def committed_together(report: dict) -> list[str]:
-    """In every quorum, a step is committed by every rank of every group that ran it, or by none.
+    """Every rank of a group commits a step or none does; a group that did not commit a step
+    its quorum's other groups committed takes no step of its own again before it has healed.
 
-    A rank that did not commit a step in a quorum of that size, and committed it in none, beside
-    a rank that did: the quorum split. (A group alone that tries a step again, in a quorum of
-    the same size, is not a split.)"""
+    torchft votes on a commit inside each group only (``Manager.should_commit``: "Different
+    replica groups may return different values"): a group stopped or failing after its share
+    of the all-reduce reached the others leaves them a complete sum, which they commit, while
+    its own all-reduce fails. It is then behind, and the next quorum heals it from a peer. A
+    group that went on from its own state (committed again, or ended, with no heal between)
+    would have split from the others. A rank that commits the step later, in a quorum of the
+    same size (a group alone that tries a step again), did not split."""
     voters: dict[tuple[int, int], dict[bool, set]] = defaultdict(lambda: {True: set(), False: set()})
+    refused: dict[tuple[int, int, int, int], float] = {}  # (step, participants, group, rank) -> time
     for row in report["step"]:
         voters[(row["step"], row["participants"])][row["committed"]].add((row["group"], row["rank"]))
-    return [f"step {s} with {n} participants: {sorted(v[True])} committed, "
-            f"{sorted(v[False] - v[True])} did not"
-            for (s, n), v in sorted(voters.items()) if v[True] and v[False] - v[True]]
+        if not row["committed"]:
+            key = (row["step"], row["participants"], row["group"], row["rank"])
+            refused[key] = min(refused.get(key, row["time"]), row["time"])
+    problems = []
+    for (s, n), v in sorted(voters.items()):
+        split = v[False] - v[True]
+        if not v[True] or not split:
+            continue
+        groups_split = sorted({g for g, _ in split} & {g for g, _ in v[True]})
+        if groups_split:  # ranks of one group disagree
+            problems.append(f"step {s} with {n} participants: group {groups_split[0]} split: "
+                            f"{sorted(v[True])} committed, {sorted(split)} did not")
+        for group, rank in sorted(split):
+            since = refused[(s, n, group, rank)]
+            mine = [r for r in report["step"] + report["final"] + report["healed"]
+                    if (r["group"], r["rank"]) == (group, rank) and r["time"] > since]
+            ahead = [r for r in mine if r["event"] == "final" or r.get("committed")]
+            if not ahead:
+                continue
+            next_time = min(r["time"] for r in ahead)
+            if not any(r["event"] == "healed" and r["time"] < next_time for r in mine):
+                problems.append(f"step {s} with {n} participants: {sorted(v[True])} committed, "
+                                f"{(group, rank)} did not and went on without healing")
+    return problems
 
 
 def equal_after_commit(report: dict) -> list[str]:

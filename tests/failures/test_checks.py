@@ -132,6 +132,24 @@ def test_each_invariant_fails_on_a_report_that_breaks_it(breaks, name):
     assert name in failing(report)
 
 
+def test_ranks_of_one_group_that_disagree_are_a_split():
+    report = good()
+    report["step"].append(dict(_step(report, 0, 0), rank=1, committed=False))
+    assert checks.committed_together(report) == [
+        "step 0 with 2 participants: group 0 split: [(0, 0), (1, 0)] committed, [(0, 1)] did not"]
+
+
+def test_a_group_that_did_not_commit_what_its_peers_did_heals_before_it_goes_on():
+    """torchft votes inside each group: group 1, failing after its share of step 0's all-reduce
+    reached group 0, does not commit step 0 while group 0 does; it is restarted and heals."""
+    report = good()
+    _step(report, 1, 0)["committed"] = False
+    assert checks.committed_together(report) == []
+    report["healed"][0]["time"] = 1.0  # the heal before the refusal: it went on from its own state
+    assert checks.committed_together(report) == [
+        "step 0 with 2 participants: [(0, 0)] committed, (1, 0) did not and went on without healing"]
+
+
 def test_a_group_alone_that_tries_a_step_again_is_no_split():
     report = good()
     retry = dict(_step(report, 0, 1), committed=False, time=2.05)
