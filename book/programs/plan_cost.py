@@ -1,10 +1,13 @@
 """What a layout of a transformer costs per GPU, from first principles: the formulas. Memory
 (memory: bytes a rank holds), compute (microbatch: seconds of a micro-batch's forward and backward),
 collectives (collective: seconds of calls over some mesh axes). Run them as a step with plan_step.py,
-plan_cost.py beside it (python plan_step.py --hardware hw.json --pp 2). Inputs: the model's shapes,
-the layout and the hardware (a data sheet, or plan_step.py --measure and --sweep), never a run of the
-layout predicted. Source: the Ultra-Scale Playbook's accounting, torch's schedules and FSDP2, checked
-against gpt/train.py --cost and torchtitan's, the Playbook's and picotron's runs. The standard library only."""
+plan_cost.py beside it (python plan_step.py --hardware hw.json --pp 2), which puts them in the order
+torch runs a step: the calls each pass waits for, the forward a checkpointed backward runs again, what
+overlaps, the parts of memory alive at once (at_peak). Inputs: the model's shapes, the layout and
+the hardware (a data sheet, or plan_step.py --measure and --sweep), never a run of the layout
+predicted. Source: the Ultra-Scale Playbook's accounting, torch's schedules and FSDP2, checked
+against gpt/train.py --cost and torchtitan's, the Playbook's and picotron's runs. The standard
+library only."""
 
 import math
 from dataclasses import dataclass, field
@@ -256,12 +259,12 @@ def root_parameters(m: Model, lay: Layout, stage: int) -> int:
 
 
 def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int = 0) -> dict:
-    """Bytes one rank holds, by component, each at its largest during a step (at_peak: the ones
-    alive at once). fsdp_unsharded: FSDP's gathered weights as the backward starts (the root's
-    own, never resharded, and the block in use; a pipeline keeps the stage gathered, gradients
-    too); communication: DDP's buckets (a copy of every gradient) or FSDP's prefetched
-    all-gather of the next block; temporaries: the gradient of the logits and of their
-    log-softmax."""
+    """Bytes one rank holds, by component, each at its largest during a step (plan_step.py's
+    at_peak: the ones alive at once). fsdp_unsharded: FSDP's gathered weights as the backward
+    starts (the root's own, never resharded, and the block in use; a pipeline keeps the stage
+    gathered, gradients too); communication: DDP's buckets (a copy of every gradient) or FSDP's
+    prefetched all-gather of the next block; temporaries: the gradient of the logits and of
+    their log-softmax."""
     at = coordinates(lay, rank)
     stage = at["pp"]
     dense_n = lay.dp_shard * lay.cp * lay.ep if fsdp_on(lay) else 1
@@ -298,34 +301,6 @@ def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int =
     vocab = m.vocab // lay.tp if lay.loss_parallel else m.vocab
     out["temporaries"] = 2 * rows * seq // lay.cp * vocab * max(pol.compute, 4) * (stage == lay.pp - 1)
     return out
-
-
-def at_peak(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int = 0) -> dict:
-    """The components of memory(...) alive at once at the rank's peak: the largest of three
-    moments of the step. Gradients are alive before the optimizer's step only when several
-    micro-batches accumulate them (zero_grad sets them to None).
-    - The loss's backward: the activations, the two logits-sized gradients, the root's gathered
-      weights (the blocks are resharded after their forward), DDP's buckets.
-    - FSDP's last block's backward: the head's activations freed, the root's unsharded gradient
-      (reduce-scattered when the whole backward ends), the block in use and the next one's
-      all-gather, one logits-sized gradient.
-    - The optimizer's step: weights, gradients, AdamW state, DDP's buckets."""
-    mem = memory(m, lay, pol, batch, seq, rank)
-    stage = coordinates(lay, rank)["pp"]
-    rows = batch // lay.data_parallel // lay.passes
-    alive = {"parameters": mem["parameters"], "gradients": mem["gradients"] * (lay.passes > 1),
-             "optimizer": mem["optimizer"], "activations": mem["activations"]}
-    ddp = 0 if fsdp_on(lay) else mem["communication"]
-    gathered = mem["fsdp_unsharded"]
-    prefetch = fsdp_on(lay) and lay.pp == 1 and mem["communication"] > 0  # blocks resharded after forward
-    root = root_parameters(m, lay, stage) * pol.compute if prefetch else gathered
-    moments = [dict(alive, fsdp_unsharded=root, communication=ddp, temporaries=mem["temporaries"]),
-               {k: mem[k] for k in ("parameters", "gradients", "optimizer")} | {"communication": ddp}]
-    if prefetch:
-        moments.append(dict(alive, activations=mem["activations"] - head(m, lay, pol, rows, seq // lay.cp, stage),
-                            fsdp_unsharded=gathered + root / pol.compute * pol.reduce,
-                            communication=mem["communication"], temporaries=mem["temporaries"] / 2))
-    return max(moments, key=lambda parts: sum(parts.values()))
 
 
 def ring(kind: str, n: int, gloo: bool = False) -> tuple:
@@ -406,8 +381,9 @@ def bus_rate(table: list, nodes: int) -> float:
 
 def microbatch(m: Model, lay: Layout, pol: Policy, hw: Hardware, rows: int, seq: int, stage: int) -> dict:
     """One micro-batch on one rank of a stage (rows sequences of seq tokens, split over cp):
-    seconds of its forward and backward compute at the rank's full speed, and of the
-    collectives inside them it waits for (TP's, CP's, EP's). Each linear layer is three
+    seconds of its forward and backward compute at the rank's full speed, and the bytes it
+    sends to the next stage (the collectives inside them, and the forward a checkpointed
+    backward runs again: plan_step.py's microbatch_times). Each linear layer is three
     matmuls at the rate of their shapes (float8: its inputs scaled and cast, 5 bytes an
     element); attention's backward recomputes the scores (five matmuls to the forward's two);
     element-wise work moves its tensors over the memory bandwidth once forward and twice
@@ -465,40 +441,4 @@ def microbatch(m: Model, lay: Layout, pol: Policy, hw: Hardware, rows: int, seq:
         logits = 3 * tokens * (m.vocab // t if lay.loss_parallel else m.vocab) * 4 / hw.bandwidth
         forward += head[0] + logits + 10 * hw.op_seconds
         backward += head[1] + logits + 20 * hw.op_seconds
-    # blocking collectives: TP (sequence parallel) gathers the stream before attention and the
-    # MLP and reduce-scatters after them, the backward the other way round; CP gathers keys
-    # and values and reduce-scatters their gradients; EP sends its counts (int64), then rows to
-    # their experts and back; under CP a mixture's balancing loss sums each sequence's choices
-    # (int64, sequences x experts); loss_parallel all-reduces three numbers a token (the largest
-    # logit, the sum of exponentials, the target's logit; float32 at least). Between two calls
-    # the ranks compute (all of them at once: at cores / ranks of full speed).
-    x_bytes, kv_bytes = tokens * d * B, rows * seq * m.kv_dim // t * B
-    last = stage == lay.pp - 1
-    split_loss = lay.loss_parallel and t > 1 and last
-    calls = (per * (4 * (t > 1) + 2 * (cp > 1) + 3 * (lay.ep > 1) + (cp > 1 and m.experts > 0))
-             + 3 * (t > 1) + 3 * split_loss)
-    slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0
-    gf, gb = forward * slow / max(1, calls), backward * slow / max(1, calls)
-
-    def tp(kind, calls_, gap, size=x_bytes):
-        return collective(hw, lay, kind, size, ("tp",), calls_, gap=gap)
-    fwd = (tp("all_gather", 2 * per, gf) + tp("reduce_scatter", 2 * per, gf)
-           + collective(hw, lay, "all_gather", kv_bytes, ("cp",), 2 * per, gap=gf))
-    bwd = (tp("all_gather", 2 * per, gb) + tp("reduce_scatter", 2 * per, gb)
-           + collective(hw, lay, "reduce_scatter", kv_bytes, ("cp",), 2 * per, gap=gb))
-    if m.experts:
-        sent = tokens * m.top_k * d * B
-        fwd += (collective(hw, lay, "all_to_all", m.experts * 8, ("ep",), per, gap=gf)
-                + collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gf)
-                + collective(hw, lay, "all_reduce", rows * m.experts * 8, ("cp",), per, gap=gf))
-        bwd += collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gb)
-    if stage == 0:  # the embedding: its output reduce-scattered over tp, the gradient gathered
-        fwd += tp("reduce_scatter", 1, gf)
-        bwd += tp("all_gather", 1, gb)
-    if last:  # the head's input gathered; the vocabulary-sharded logits kept split, or gathered whole
-        fwd += tp("all_gather", 1, gf) + (tp("all_reduce", 3, gf, tokens * max(B, 4)) if split_loss
-                                          else tp("all_gather", 1, gf, tokens * m.vocab * B))
-        bwd += tp("reduce_scatter", 1, gb)
-    redo = {"none": 0.0, "selective": 0.5, "full": 1.0}[lay.ac]  # recomputed in the backward
-    return {"forward": forward, "backward": backward + redo * forward, "forward_comm": fwd,
-            "backward_comm": bwd + redo * fwd, "send": tokens * d // t * B}
+    return {"forward": forward, "backward": backward, "send": tokens * d // t * B}

@@ -1,7 +1,8 @@
 """One training step of a layout, simulated from plan_cost.py's terms: each stage's micro-batches
-in the order torch's schedules run them, activations sent between stages, what FSDP's and DDP's
-collectives hide behind compute, the ranks sharing the cores; and the microbenchmarks that measure
-a machine's figures.
+in the order torch's schedules run them, the collectives each waits for and the forward a checkpointed
+backward runs again, activations sent between stages, what FSDP's and DDP's collectives hide behind
+compute, the ranks sharing the cores; the parts of memory alive at once at the step's peak; and the
+microbenchmarks that measure a machine's figures.
 
 Run:  python plan_step.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
       torchrun --standalone --nproc-per-node 4 plan_step.py --sweep hw.json     (one node's link)
@@ -144,6 +145,61 @@ def ddp_exposed(hw: plan_cost.Hardware, lay: plan_cost.Layout, pol: plan_cost.Po
     return max(0.0, end - backward)
 
 
+def blocking(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
+             rows: int, seq: int, stage: int, work: dict) -> dict:
+    """Seconds of the collectives a micro-batch's forward and backward wait for (work: its
+    plan_cost.microbatch on this stage). TP (sequence parallel) gathers the stream before
+    attention and the MLP and reduce-scatters after them, the backward the other way round; CP
+    gathers keys and values and reduce-scatters their gradients; EP sends its counts (int64),
+    then rows to their experts and back; under CP a mixture's balancing loss sums each
+    sequence's choices (int64, sequences x experts); loss_parallel all-reduces three numbers a
+    token (the largest logit, the sum of exponentials, the target's logit; float32 at least).
+    Between two calls the ranks compute (all of them at once: at cores / ranks of full speed)."""
+    t, cp, B, d = lay.tp, lay.cp, pol.compute, m.dim
+    tokens, per = rows * seq // cp, -(-m.layers // lay.pp)
+    x_bytes, kv_bytes = tokens * d * B, rows * seq * m.kv_dim // t * B
+    last = stage == lay.pp - 1
+    split_loss = lay.loss_parallel and t > 1 and last
+    calls = (per * (4 * (t > 1) + 2 * (cp > 1) + 3 * (lay.ep > 1) + (cp > 1 and m.experts > 0))
+             + 3 * (t > 1) + 3 * split_loss)
+    slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0
+    gf, gb = work["forward"] * slow / max(1, calls), work["backward"] * slow / max(1, calls)
+
+    def tp(kind, calls_, gap, size=x_bytes):
+        return plan_cost.collective(hw, lay, kind, size, ("tp",), calls_, gap=gap)
+    fwd = (tp("all_gather", 2 * per, gf) + tp("reduce_scatter", 2 * per, gf)
+           + plan_cost.collective(hw, lay, "all_gather", kv_bytes, ("cp",), 2 * per, gap=gf))
+    bwd = (tp("all_gather", 2 * per, gb) + tp("reduce_scatter", 2 * per, gb)
+           + plan_cost.collective(hw, lay, "reduce_scatter", kv_bytes, ("cp",), 2 * per, gap=gb))
+    if m.experts:
+        sent = tokens * m.top_k * d * B
+        fwd += (plan_cost.collective(hw, lay, "all_to_all", m.experts * 8, ("ep",), per, gap=gf)
+                + plan_cost.collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gf)
+                + plan_cost.collective(hw, lay, "all_reduce", rows * m.experts * 8, ("cp",), per, gap=gf))
+        bwd += plan_cost.collective(hw, lay, "all_to_all", sent, ("ep",), 2 * per, gap=gb)
+    if stage == 0:  # the embedding: its output reduce-scattered over tp, the gradient gathered
+        fwd += tp("reduce_scatter", 1, gf)
+        bwd += tp("all_gather", 1, gb)
+    if last:  # the head's input gathered; the vocabulary-sharded logits kept split, or gathered whole
+        fwd += tp("all_gather", 1, gf) + (tp("all_reduce", 3, gf, tokens * max(B, 4)) if split_loss
+                                          else tp("all_gather", 1, gf, tokens * m.vocab * B))
+        bwd += tp("reduce_scatter", 1, gb)
+    return {"forward": fwd, "backward": bwd}
+
+
+def microbatch_times(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
+                     rows: int, seq: int, stage: int) -> dict:
+    """One micro-batch of a stage as the step runs it: plan_cost.microbatch's compute and the
+    collectives it waits for (blocking). Under activation checkpointing the backward runs the
+    forward again, its calls too (selective: every other block's, as plan_cost.activations)."""
+    work = plan_cost.microbatch(m, lay, pol, hw, rows, seq, stage)
+    calls = blocking(m, lay, pol, hw, rows, seq, stage, work)
+    redo = {"none": 0.0, "selective": 0.5, "full": 1.0}[lay.ac]  # of the forward, run again
+    return {"forward": work["forward"], "backward": work["backward"] + redo * work["forward"],
+            "forward_comm": calls["forward"], "backward_comm": calls["backward"] + redo * calls["forward"],
+            "send": work["send"]}
+
+
 def step(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: plan_cost.Hardware,
          batch: int, seq: int) -> dict:
     """Seconds of one optimizer step on the rank that ends last, by part. Each stage's
@@ -157,16 +213,14 @@ def step(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw: p
     mb = lay.passes
     rows = batch // lay.data_parallel // mb
     per = -(-m.layers // lay.pp)
-    cost = [plan_cost.microbatch(m, lay, pol, hw, rows, seq, s) for s in range(lay.pp)]
+    cost = [microbatch_times(m, lay, pol, hw, rows, seq, s) for s in range(lay.pp)]
     fsdp_axes = ("dp_shard", "cp", "ep")
     shard_n = math.prod(getattr(lay, a) for a in fsdp_axes)
     slow = max(1.0, lay.world / hw.cores) if hw.cores else 1.0  # every rank computing at once
     plans, elems, sync = [], [], 0.0
     for s in range(lay.pp):
         params = plan_cost.stage_parameters(m, lay, s)
-        embed = (m.vocab // lay.tp) * m.dim * ((s == 0 or (s == lay.pp - 1 and m.tied))
-                                               + (not m.tied and s == lay.pp - 1))
-        root = embed + m.dim * (s == lay.pp - 1)
+        root = plan_cost.root_parameters(m, lay, s)
         block = (sum(r * c for r, c, _ in params) - root) / per
         gather = ag = rs = ar = 0.0
         if plan_cost.fsdp_on(lay):  # per group: the blocks and the root (embedding, final norm)
@@ -276,10 +330,41 @@ def stage_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Polic
     return [plan_cost.memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
+def at_peak(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int,
+            rank: int = 0) -> dict:
+    """The components of plan_cost.memory(...) alive at once at the rank's peak: the largest of
+    three moments of the step. Gradients are alive before the optimizer's step only when several
+    micro-batches accumulate them (zero_grad sets them to None).
+    - The loss's backward: the activations, the two logits-sized gradients, the root's gathered
+      weights (the blocks are resharded after their forward), DDP's buckets.
+    - FSDP's last block's backward: the head's activations freed, the root's unsharded gradient
+      (reduce-scattered when the whole backward ends), the block in use and the next one's
+      all-gather, one logits-sized gradient.
+    - The optimizer's step: weights, gradients, AdamW state, DDP's buckets."""
+    mem = plan_cost.memory(m, lay, pol, batch, seq, rank)
+    stage = plan_cost.coordinates(lay, rank)["pp"]
+    rows = batch // lay.data_parallel // lay.passes
+    alive = {"parameters": mem["parameters"], "gradients": mem["gradients"] * (lay.passes > 1),
+             "optimizer": mem["optimizer"], "activations": mem["activations"]}
+    fsdp = plan_cost.fsdp_on(lay)
+    ddp = 0 if fsdp else mem["communication"]
+    gathered = mem["fsdp_unsharded"]
+    prefetch = fsdp and lay.pp == 1 and mem["communication"] > 0  # blocks resharded after forward
+    root = plan_cost.root_parameters(m, lay, stage) * pol.compute if prefetch else gathered
+    moments = [dict(alive, fsdp_unsharded=root, communication=ddp, temporaries=mem["temporaries"]),
+               {k: mem[k] for k in ("parameters", "gradients", "optimizer")} | {"communication": ddp}]
+    if prefetch:
+        head = plan_cost.head(m, lay, pol, rows, seq // lay.cp, stage)
+        moments.append(dict(alive, activations=mem["activations"] - head,
+                            fsdp_unsharded=gathered + root / pol.compute * pol.reduce,
+                            communication=mem["communication"], temporaries=mem["temporaries"] / 2))
+    return max(moments, key=lambda parts: sum(parts.values()))
+
+
 def stage_peaks(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int) -> list:
-    """The simultaneous peak (plan_cost.at_peak) of each stage's busiest rank, as ``stage_memory``."""
+    """The simultaneous peak (at_peak) of each stage's busiest rank, as ``stage_memory``."""
     per_stage = lay.world // lay.pp
-    return [plan_cost.at_peak(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
+    return [at_peak(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
 def peak_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int) -> float:
@@ -512,8 +597,6 @@ def main(argv=None):
     print(json.dumps({"peak_memory": out["peak_memory"], "memory_rank0": out["memory"][0],
                       "step": out["step"], "tokens_per_gpu": out["tokens_per_gpu"], "mfu": out["mfu"]},
                      indent=1))
-
-
 
 
 if __name__ == "__main__":

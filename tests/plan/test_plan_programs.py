@@ -10,10 +10,12 @@ import json
 import pytest
 
 from ddpguide.bench.plan import QUICK_REPEATS, QUICK_SECONDS
-from ddpguide.launch.programs import load
+from ddpguide.launch.programs import load, path_of
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
 
 BOTH = ["plan_cost.py", "plan_step.py"]
+#: the formulas a reader reads in one sitting; what depends on when each part runs is plan_step.py's
+FORMULAS_MAX_LINES = 450
 LAYOUT = ["--layers", "2", "--dim", "256", "--ffn", "1024", "--pp", "2", "--dp-shard", "2", "--microbatches", "2"]
 
 
@@ -66,3 +68,11 @@ def test_a_sweep_of_no_repeats_is_refused_under_torchrun(tmp_path):
                env={"LOCAL_WORLD_SIZE": "1"})
     assert (done.returncode, done.stdout, done.stderr) == (2, "", "plan_step.py: --repeats 0: must be at least 1\n")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == BOTH
+
+
+def test_the_formulas_fit_one_sitting():
+    """plan_cost.py holds memory, compute and collectives, each formula once, and stays within
+    FORMULAS_MAX_LINES: the schedule's order, the calls each pass waits for, the overlaps and
+    the parts of memory alive at once are plan_step.py's."""
+    lines = len(path_of("plan_cost.py").read_text().splitlines())
+    assert lines <= FORMULAS_MAX_LINES, f"plan_cost.py has {lines} lines (at most {FORMULAS_MAX_LINES})"

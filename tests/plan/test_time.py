@@ -153,7 +153,23 @@ def test_collectives_after_and_in_the_pass_are_train_pys(p):
     hw = _cluster(p, links={"node": [1.0, 0.0, 0.0], "net": [1.0, 0.0, 0.0]})
     assert p.step(model, p.Layout(dp_replicate=2), pol, hw, 8, 16)["sync"] == 2 * 1
     assert p.step(model, p.Layout(dp_shard=2, tp=2), pol, hw, 8, 16)["sync"] == 2 * (5 + 2 + 1)
-    split, gathered = (p.microbatch(model, p.Layout(tp=2, loss_parallel=lp), pol, hw, 8, 16, 0)["forward_comm"]
+    split, gathered = (p.microbatch_times(model, p.Layout(tp=2, loss_parallel=lp), pol, hw, 8, 16, 0)["forward_comm"]
                        for lp in (True, False))
     blocks = 2 * (2 * 1 + 2 * 2) + 2 + 1
     assert split == blocks + 3 * 2 and gathered == blocks + 1
+
+
+@pytest.mark.parametrize("ac, share", [("none", 0.0), ("selective", 0.5), ("full", 1.0)])
+def test_a_checkpointed_backward_runs_the_forward_again(p, ac, share):
+    """Activation checkpointing adds the forward (selective: every other block's, half of it) to
+    the backward, its compute and its calls. TP 2 on the first and last stage, latency alone:
+    the backward's own calls are a block's two gathers and two reduce-scatters (gloo's: 2
+    messages), the embedding's gather and the head's reduce-scatter, 15 messages; the forward's
+    21 (the test above)."""
+    model, pol = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+    hw = _cluster(p, links={"node": [1.0, 0.0, 0.0], "net": [1.0, 0.0, 0.0]})
+    lay = p.Layout(tp=2, ac=ac)
+    work = p.microbatch(model, lay, pol, hw, 8, 16, 0)
+    timed = p.microbatch_times(model, lay, pol, hw, 8, 16, 0)
+    assert timed["forward_comm"] == 21 and timed["backward_comm"] == 15 + share * 21
+    assert timed["forward"] == work["forward"] and timed["backward"] == work["backward"] + share * work["forward"]

@@ -1,4 +1,4 @@
-"""The simultaneous peak (plan_cost.at_peak) against torch's own trackers (FSDPMemTracker,
+"""The simultaneous peak (plan_step.at_peak) against torch's own trackers (FSDPMemTracker,
 MemTracker) on a shape of the checks' GPT other than the benchmark's (3 blocks, sequence 32)."""
 
 import pytest
