@@ -192,8 +192,18 @@ def provenance(report: dict | None, suite: str = "") -> str:
         "at the end")
     return (f"Measured {report.get('measured_at', '(date not recorded)')} on {cpu}, "
             f"{machine.get('cpu_count', '?')} cores, {gpus}, torch {machine.get('torch', '?')}, "
-            f"with `{report.get('command', 'python -m ddpguide.bench ' + report['suite'])}`"
-            f"{load_text}.")
+            f"with {shown_command(report)}{load_text}.")
+
+
+def shown_command(report: dict) -> str:
+    """The saved run's command; a ``--json`` file written elsewhere (a temporary folder) is
+    shown as FILE, with where the book keeps it."""
+    words = report.get("command", f"python -m ddpguide.bench {report['suite']}").split()
+    kept = f"book/measurements/{report['suite']}.json"
+    if "--json" not in words[:-1] or words[words.index("--json") + 1] == kept:
+        return f"`{' '.join(words)}`"
+    words[words.index("--json") + 1] = "FILE"
+    return f"`{' '.join(words)}` (FILE then kept as `{kept}`)"
 
 
 def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:

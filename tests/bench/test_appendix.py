@@ -28,6 +28,18 @@ def test_provenance_names_date_machine_command_and_load():
         "with `python -m ddpguide.bench amp`; load average 0.50 at the start, 0.75 at the end.")
 
 
+def test_a_json_file_written_in_a_temporary_folder_is_shown_as_file():
+    report = Report("gpt").to_dict()
+    report.update(measured_at="2026-12-01T05:00:00+00:00",
+                  command="python -m ddpguide.bench gpt --json /tmp/meas_gpt.json", load_at_start=None)
+    report["machine"].update(cpu_model="Some CPU", cpu_count=2, gpus=[], torch="2.14.1")
+    assert provenance(report) == (
+        "Measured 2026-12-01T05:00:00+00:00 on Some CPU, 2 cores, no GPU, torch 2.14.1, "
+        "with `python -m ddpguide.bench gpt --json FILE` (FILE then kept as `book/measurements/gpt.json`).")
+    report["command"] = "python -m ddpguide.bench gpt --json book/measurements/gpt.json"
+    assert provenance(report).endswith("with `python -m ddpguide.bench gpt --json book/measurements/gpt.json`.")
+
+
 def test_a_suite_not_measured_yet_says_how_to_measure_it():
     assert provenance(None, "pipeline") == (
         "Not measured yet: run `python -m ddpguide.bench pipeline --json "
