@@ -64,3 +64,24 @@ def test_the_pipeline_sweep_is_drawn_from_a_saved_report_or_said_missing(capsys)
     fig = pipeline_sweep(json.loads(json.dumps(report.to_dict())))
     line = fig.axes[0].containers[0].lines[0]
     assert list(line.get_xdata()) == [20, 60] and list(line.get_ydata()) == [1.4, 1.9]
+
+
+def test_the_summary_draws_a_family_of_per_case_ratios_as_one_bar():
+    """The planner's per-layout ratios ("kind: case") are one bar each kind: their median, with
+    a line over their range; a ratio of its own keeps its bar and its spread over rounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ddpguide.bench.summary import summary_bars, summary_figure
+
+    ratios = {f"step_predicted_over_measured: layout {i}": 1.0 + i / 100 for i in range(50)}
+    ratios.update(rank_correlation=0.9, join_s=4.0)
+    report = {"suite": "plan", "ratios": ratios, "spreads": {"join_s": {"min": 3.0, "max": 6.0, "n": 3}}}
+    assert summary_bars("plan", report) == [
+        ("step_predicted_over_measured", "plan: step_predicted_over_measured (median of 50 cases)",
+         1.245, 1.245 - 1.0, 1.49 - 1.245),
+        ("rank_correlation", "plan: rank_correlation", 0.9, 0.0, 0.0),
+        ("join_s", "plan: join_s", 4.0, 1.0, 2.0)]
+    fig = summary_figure({"plan": report})
+    assert [len(ax.patches) for ax in fig.axes] == [2, 1]  # bars: 2 ratios, 1 in seconds
+
