@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ddpguide.bench.appendix import load_results, provenance, ratio_rows
 from ddpguide.bench.report import Report
@@ -85,3 +86,14 @@ def test_the_summary_draws_a_family_of_per_case_ratios_as_one_bar():
     fig = summary_figure({"plan": report})
     assert [len(ax.patches) for ax in fig.axes] == [2, 1]  # bars: 2 ratios, 1 in seconds
 
+
+def test_the_appendix_has_a_section_for_every_suite():
+    """Each suite of ddpguide.bench.SUITES is shown (show("<suite>")) and listed in the command."""
+    from ddpguide.bench import SUITES
+
+    cells = [''.join(c["source"]) for c in json.loads(
+        (Path(__file__).parents[2] / "book" / "appendix_measurements.ipynb").read_text())["cells"]]
+    shown = [suite for suite in SUITES if any(f'show("{suite}")' in cell for cell in cells)]
+    listed = cells[0].split("# also: ")[1].split("\n")[0]
+    assert shown == list(SUITES)
+    assert [suite for suite in SUITES if suite in listed.split(", ")] == [s for s in SUITES if s != "ddp"]
