@@ -8,7 +8,9 @@ full attention on the whole sequence in one process: the output and the gradient
            (batch_isend_irecv), the next block's transfer posted before the compute on the
            current one, and every block is folded into a running softmax (max and sum).
            The backward is written by hand: the same ring again, with the log-sum-exp saved
-           by the forward, and the key/value gradients travelling with their block.
+           by the forward, and the key/value gradients travelling with their block. The
+           running values and the travelling gradients are float32 at least
+           (accumulator_dtype), so bfloat16 inputs are rounded once, at the end.
   zigzag   the same ring on the head-tail split: rank i holds chunks i and 2N-1-i of 2N, so
            that under the causal mask every rank does the same work.
   ulysses  one all_to_all turns the sequence split into a split of the heads, each rank runs
