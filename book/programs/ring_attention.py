@@ -8,7 +8,9 @@ full attention on the whole sequence in one process: the output and the gradient
            (batch_isend_irecv), the next block's transfer posted before the compute on the
            current one, and every block is folded into a running softmax (max and sum).
            The backward is written by hand: the same ring again, with the log-sum-exp saved
-           by the forward, and the key/value gradients travelling with their block.
+           by the forward, and the key/value gradients travelling with their block. The
+           running values and the travelling gradients are float32 at least
+           (accumulator_dtype), so bfloat16 inputs are rounded once, at the end.
   zigzag   the same ring on the head-tail split: rank i holds chunks i and 2N-1-i of 2N, so
            that under the causal mask every rank does the same work.
   ulysses  one all_to_all turns the sequence split into a split of the heads, each rank runs
@@ -77,8 +79,16 @@ def scores(q, k, diagonal):
     return s
 
 
+def accumulator_dtype(dtype):
+    """float32 at least: in bfloat16 every merge and every hop would round the running values."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def merge_block(q, k, v, diagonal, m, total, acc):
-    """Fold one block of keys and values into the running softmax of q (m, total, acc in place)."""
+    """Fold one block of keys and values into the running softmax of q (m, total, acc in place).
+
+    The block's arithmetic runs in the running values' dtype (float32 for bfloat16 inputs)."""
+    q, k, v = (t.to(m.dtype) for t in (q, k, v))
     s = scores(q, k, diagonal)
     m_new = torch.maximum(m, s.amax(-1))
     p = torch.exp(s - m_new.unsqueeze(-1))
@@ -89,7 +99,9 @@ def merge_block(q, k, v, diagonal, m, total, acc):
 
 
 def grad_block(q, k, v, dout, lse, delta, diagonal):
-    """One block's share of dq, dk, dv, from the probabilities rebuilt with the saved lse."""
+    """One block's share of dq, dk, dv, from the probabilities rebuilt with the saved lse
+    (in lse's dtype: float32 for bfloat16 inputs)."""
+    q, k, v, dout = (t.to(lse.dtype) for t in (q, k, v, dout))
     p = torch.exp(scores(q, k, diagonal) - lse.unsqueeze(-1))
     ds = p * (dout @ v.transpose(-2, -1) - delta.unsqueeze(-1)) / math.sqrt(q.shape[-1])
     return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ dout
@@ -99,8 +111,8 @@ def ring_forward(q, k, v, split, causal):
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = chunks_of(rank, world, split)
     c = q.shape[2] // len(mine)  # positions per chunk
-    m = torch.full(q.shape[:3], float("-inf"), dtype=q.dtype, device=q.device)
-    total, acc = torch.zeros_like(m), torch.zeros_like(q)
+    m = torch.full(q.shape[:3], float("-inf"), dtype=accumulator_dtype(q.dtype), device=q.device)
+    total, acc = torch.zeros_like(m), torch.zeros_like(q, dtype=m.dtype)
     held = (k, v)
     for step in range(world):
         if step < world - 1:
@@ -114,20 +126,21 @@ def ring_forward(q, k, v, split, causal):
         if step < world - 1:
             wait(requests)
             held = tuple(incoming)
-    return acc / total.unsqueeze(-1), m + total.log()
+    return (acc / total.unsqueeze(-1)).to(q.dtype), m + total.log()  # lse stays in m's dtype
 
 
 def ring_backward(q, k, v, out, lse, dout, split, causal):
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = chunks_of(rank, world, split)
     c = q.shape[2] // len(mine)
-    delta = (dout * out).sum(-1)
-    dq = torch.zeros_like(q)
+    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)
+    dq = torch.zeros_like(q, dtype=lse.dtype)  # the sums in float32 at least, like the forward's
     held, grads_in, grad_requests = (k, v), None, []
     for step in range(world):
         if step < world - 1:
             incoming, requests = ring_pass(held, tag=0)
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # this rank's share for the held block
+        # this rank's share for the held block, in lse's dtype: no hop rounds it to bfloat16
+        dk, dv = (torch.zeros_like(t, dtype=lse.dtype) for t in (k, v))
         theirs = chunks_of((rank - step) % world, world, split)
         for i, j, diagonal in block_pairs(mine, theirs, causal):
             rows, cols = slice(i * c, (i + 1) * c), slice(j * c, (j + 1) * c)
@@ -145,7 +158,7 @@ def ring_backward(q, k, v, out, lse, dout, split, causal):
             wait(requests)
             held = tuple(incoming)
     wait(grad_requests)  # after N hops a block's gradient is back on the rank that owns it
-    return dq, grads_in[0], grads_in[1]
+    return dq.to(q.dtype), grads_in[0].to(k.dtype), grads_in[1].to(v.dtype)
 
 
 class RingAttention(torch.autograd.Function):

@@ -192,8 +192,18 @@ def provenance(report: dict | None, suite: str = "") -> str:
         "at the end")
     return (f"Measured {report.get('measured_at', '(date not recorded)')} on {cpu}, "
             f"{machine.get('cpu_count', '?')} cores, {gpus}, torch {machine.get('torch', '?')}, "
-            f"with `{report.get('command', 'python -m ddpguide.bench ' + report['suite'])}`"
-            f"{load_text}.")
+            f"with {shown_command(report)}{load_text}.")
+
+
+def shown_command(report: dict) -> str:
+    """The saved run's command; a ``--json`` file written elsewhere (a temporary folder) is
+    shown as FILE, with where the book keeps it."""
+    words = report.get("command", f"python -m ddpguide.bench {report['suite']}").split()
+    kept = f"book/measurements/{report['suite']}.json"
+    if "--json" not in words[:-1] or words[words.index("--json") + 1] == kept:
+        return f"`{' '.join(words)}`"
+    words[words.index("--json") + 1] = "FILE"
+    return f"`{' '.join(words)}` (FILE then kept as `{kept}`)"
 
 
 def ratio_rows(report: dict) -> list[tuple[str, float, Anchor]]:
@@ -259,34 +269,3 @@ def pipeline_sweep(report: dict | None):
     fig = plot_saved_sweep(report)
     plt.show()
     return fig
-
-
-def summary_figure(results: dict[str, dict]):
-    """One bar per ratio, grouped by suite (seconds-valued ratios on their own axis); a
-    ratio measured over rounds has a line from its smallest to its largest value."""
-    import matplotlib.pyplot as plt
-
-    def bar(label: str, report: dict, name: str) -> tuple[str, float, float, float]:
-        value = report["ratios"][name]
-        spread = report.get("spreads", {}).get(name) or {"min": value, "max": value}
-        return label, value, value - spread["min"], spread["max"] - value
-
-    unitless = [bar(f"{suite}: {n}", r, n) for suite, r in results.items() for n in r["ratios"]
-                if not n.endswith("_s")]
-    seconds = [bar(n, r, n) for r in results.values() for n in r["ratios"] if n.endswith("_s")]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * max(len(unitless), len(seconds), 4) + 1.5),
-                             gridspec_kw={"width_ratios": [3, 2]})
-    for ax, rows, label in ((axes[0], unitless, "ratio"), (axes[1], seconds, "seconds")):
-        if not rows:
-            ax.set_visible(False)
-            continue
-        names, values, below, above = zip(*rows)
-        ax.barh(range(len(values)), values, xerr=[below, above], color="tab:blue",
-                error_kw={"ecolor": "black", "lw": 1, "capsize": 2})
-        ax.set_yticks(range(len(values)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel(label)
-        if label == "ratio":
-            ax.axvline(1.0, color="grey", lw=1, ls="--")
-    fig.tight_layout()
-    plt.show()

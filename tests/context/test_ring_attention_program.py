@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -143,3 +144,44 @@ def test_the_byte_formulas_with_grouped_query_attention():
     assert bytes_formula("ulysses", 4, 1, groups=10**9) == pytest.approx(4 * 3 / 4)
     with pytest.raises(ValueError, match="groups must be >= 1, got 0"):
         bytes_formula("ring", 2, 1, groups=0)
+
+
+def bf16_errors(program, monkeypatch) -> list[float]:
+    """The program's ring on bfloat16 inputs, forward and backward, in this process: a ring of
+    16 ranks in which the held block never leaves (keys [k, k, ..., k], 16 copies). The softmax
+    over 16 copies of a block is the softmax over the block, and the 16 shares of its
+    gradients add up to the block's, so out, dq, dk and dv equal attention on (q, k, v).
+    Returned: the largest difference from float64 attention on the same inputs, over the
+    largest exact value, for out, dq, dk, dv."""
+    import torch
+    import torch.nn.functional as F
+
+    monkeypatch.setattr(program, "dist", SimpleNamespace(get_rank=lambda: 0, get_world_size=lambda: 16))
+    monkeypatch.setattr(program, "ring_pass", lambda tensors, tag: (list(tensors), []))
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 4, 64, 16, generator=generator).bfloat16() for _ in range(4))
+    mine = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = program.RingAttention.apply(*mine, "contiguous", False)
+    out.backward(dout)
+    exact = [t.double().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*exact)
+    expected.backward(dout.double())
+    assert [t.dtype for t in (out, *(t.grad for t in mine))] == [torch.bfloat16] * 4
+    return [((a.double() - b).abs().max() / b.abs().max()).item()
+            for a, b in zip((out, *(t.grad for t in mine)), (expected, *(t.grad for t in exact)))]
+
+
+BF16_ULP = 2.0 ** -8  # rounding a value to bfloat16 moves it by at most this times the largest value
+
+
+def test_bfloat16_inputs_are_rounded_once_not_at_every_merge_and_hop(monkeypatch):
+    """The running max, sum and output, and the travelling dk and dv, are float32: the results
+    differ from exact attention only by their final rounding to bfloat16."""
+    assert max(bf16_errors(load(PROGRAM), monkeypatch)) < BF16_ULP
+
+
+def test_accumulators_in_the_input_dtype_fail_the_bfloat16_bound(tmp_path, monkeypatch):
+    """The same ring with accumulators in bfloat16: each of out, dq, dk, dv is off by more."""
+    edited = edited_copy(PROGRAM, tmp_path, ("return torch.promote_types(dtype, torch.float32)",
+                                             "return dtype"))
+    assert min(bf16_errors(load(edited), monkeypatch)) > BF16_ULP
