@@ -122,6 +122,6 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "slurm.runs", "slurm.scheduler",
     ), ("bench", "slurm")),
     "appendix_measurements": ("appendix", (
-        "bench.appendix",
+        "bench.appendix", "bench.summary",
     ), ("bench",)),
 }
