@@ -7,7 +7,8 @@ limits (:mod:`ddpguide.cluster`), the chapter's programs started on both by
 ``torchrun --nnodes 2``:
 
 * ``book/programs/cluster/collectives.py`` on 2 nodes x 2 ranks at ``LINK``:
-  a point-to-point sweep across the link (alpha-beta fit) and inside a node, a flat
+  a ping-pong of small messages (latency) and a point-to-point sweep (bandwidth) across
+  the link and inside a node, a flat
   ring all-reduce and the hierarchical one, an all-gather and a reduce-scatter;
 * ``book/programs/cluster/sharding.py``: FSDP2 over all 4 ranks, and HSDP;
 * ``book/programs/cluster/ddp_overlap.py`` on 2 nodes x 1 rank, node 1's link at
@@ -35,6 +36,7 @@ from ddpguide.cluster import Spec, up
 from ddpguide.cluster import model as formulas
 from ddpguide.cluster.experiments import collectives, ddp_overlap, doctor, sharding
 from ddpguide.cluster.faults import dead_link
+from ddpguide.cluster.netns import burst_bytes
 from ddpguide.cluster.spec import parse_rate
 
 LINK, SLOW_LINK, DOCTOR_SLOW_LINK = "50mbit", "20mbit", "50mbit"
@@ -53,7 +55,12 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
     "inter_node_bytes_counted_over_formula": ("the case above farthest from 1", "", "1.00 +- 0.02"),
     "hierarchical_over_flat_time_measured": ("hierarchical / flat all-reduce time, 2 x 2 ranks",
                                                    "", "< 1"),
-    "hierarchical_over_flat_time_predicted": ("the same, from the alpha-beta fits", "", ""),
+    "hierarchical_over_flat_time_predicted": (
+        "the same, from the latency (ping-pong) and bandwidth (sweep) of each link, gloo's "
+        "reduce-scatter as an all-reduce", "", ""),
+    "link_intercept_over_burst": (
+        "the sweep's intercept / -burst / rate: tbf's bucket passes its first bytes at once",
+        "netns.burst_bytes: 64 KiB at 50 Mbit/s", "0.8-1.25"),
     "hierarchical_over_flat_time_measured_over_predicted": (
         "measured ratio / predicted ratio", "", "0.8-1.25"),
     "flat_time_measured_over_predicted": ("flat all-reduce time / alpha-beta prediction", "", ""),
@@ -82,13 +89,19 @@ def worst(values: dict[str, float]) -> float:
 
 
 def add_collectives(report: Report, result: dict, rate_bits: int) -> None:
-    alpha, beta = formulas.fit_alpha_beta([(p["bytes"], p["seconds"]) for p in result["sweep"]])
-    alpha_in, beta_in = formulas.fit_alpha_beta(
+    intercept, beta = formulas.fit_alpha_beta(
+        [(p["bytes"], p["seconds"]) for p in result["sweep"]])
+    intercept_in, beta_in = formulas.fit_alpha_beta(
         [(p["bytes"], p["seconds"]) for p in result["intra_sweep"]])
-    report.add("link_alpha", alpha * 1e3, "ms", fit_points=result["sweep"])
+    alpha, alpha_in = result["latency"]["across"], result["latency"]["inside"]
+    burst = formulas.burst_intercept(burst_bytes(rate_bits), rate_bits / 8)
+    report.add("link_latency", alpha * 1e6, "us", inside_node_us=alpha_in * 1e6)
+    report.add("link_intercept", intercept * 1e3, "ms", fit_points=result["sweep"],
+               burst_ms=burst * 1e3)
     report.add("link_beta", beta / 1e6, "MB/s", configured_mb_s=rate_bits / 8e6)
-    report.add("intra_node_beta", beta_in / 1e6, "MB/s", alpha_ms=alpha_in * 1e3)
+    report.add("intra_node_beta", beta_in / 1e6, "MB/s", intercept_ms=intercept_in * 1e3)
     report.ratios["link_bandwidth_measured_over_configured"] = beta * 8 / rate_bits
+    report.ratios["link_intercept_over_burst"] = intercept / burst
     n_bytes = result["numel"] * result["element_bytes"]
     ranks, nodes, local = result["world"], result["nodes"], result["local_world"]
     overhead = statistics.fmean(result["barrier"]["payload_per_node"])

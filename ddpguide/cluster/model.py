@@ -6,14 +6,21 @@ p = nodes * L ranks and n = nodes, the payload that leaves each node is:
 
 * ring all-reduce of N bytes: 2(p-1)/p * N (every ring edge carries that much);
 * ring all-gather of N bytes (the gathered size): (p-1)/p * N;
-* gloo's reduce-scatter of N bytes: as its all-reduce, 2(p-1)/p * N (counted alone
-  in the collectives program's ``reduce_scatter`` phase);
+* reduce-scatter of N bytes: gloo's runs as its all-reduce, 2(p-1)/p * N (counted alone
+  in the collectives program's ``reduce_scatter`` phase); nccl's ring sends (p-1)/p * N
+  (not measured here: no GPU);
 * hierarchical all-reduce: only the all-reduce across nodes of each rank's N/L slice
   leaves the node, L of them: 2(n-1)/n * N;
 * FSDP2 step (1-D mesh over all ranks, parameters of P bytes): an all-gather in
-  forward, another in backward, and gloo's reduce-scatter of the gradients:
-  2 (p-1)/p * P + 2(p-1)/p * P;
+  forward, another in backward, and the reduce-scatter of the gradients:
+  2 (p-1)/p * P + 2(p-1)/p * P on gloo (3 P at p = 4), 3 (p-1)/p * P on nccl (2.25 P);
 * HSDP step (shard inside the node, replicate across): 2(n-1)/n * P.
+
+Times: a transfer of n bytes takes alpha + n / beta, alpha the latency of one message
+(measured by a ping-pong of small messages: a sweep of large ones cannot identify it) and
+beta the link's payload rate (the slope of the sweep). On a link shaped by tc's token
+bucket the sweep's intercept is not a latency: the bucket lets its first ``burst`` bytes
+through at once, so the line of large messages crosses zero near -burst / rate.
 """
 
 from __future__ import annotations
@@ -44,9 +51,20 @@ def hierarchical_bytes(n_bytes: float, nodes: int) -> float:
     return 2 * (nodes - 1) / nodes * n_bytes
 
 
-def fsdp_step_bytes(param_bytes: float, ranks: int) -> float:
-    """Two all-gathers and gloo's reduce-scatter (sent as an all-reduce) of P bytes."""
-    return 2 * ring_all_gather_bytes(param_bytes, ranks) + ring_all_reduce_bytes(param_bytes, ranks)
+def reduce_scatter_bytes(n_bytes: float, ranks: int, backend: str = "gloo") -> float:
+    """gloo reduce-scatters by an all-reduce (the interfaces count it); nccl's ring sends
+    each rank's N/p slice on p-1 hops."""
+    if backend == "gloo":
+        return ring_all_reduce_bytes(n_bytes, ranks)
+    if backend == "nccl":
+        return ring_all_gather_bytes(n_bytes, ranks)
+    raise ValueError(f"no reduce-scatter formula for backend {backend!r} (gloo or nccl)")
+
+
+def fsdp_step_bytes(param_bytes: float, ranks: int, backend: str = "gloo") -> float:
+    """Two all-gathers and one reduce-scatter of P bytes."""
+    return (2 * ring_all_gather_bytes(param_bytes, ranks)
+            + reduce_scatter_bytes(param_bytes, ranks, backend))
 
 
 def hsdp_step_bytes(param_bytes: float, nodes: int) -> float:
@@ -60,12 +78,23 @@ def flat_time(n_bytes: float, ranks: int, alpha: float, beta: float) -> float:
 
 
 def hierarchical_time(n_bytes: float, nodes: int, local: int, alpha: float, beta: float,
-                      alpha_in: float, beta_in: float) -> float:
-    """Reduce-scatter and all-gather inside the node (L-1 steps of N/L each), and an
-    all-reduce across the nodes (2(n-1) steps; the L slices share the link, N/n a step)."""
-    inside = 2 * (local - 1) * (alpha_in + n_bytes / local / beta_in)
+                      alpha_in: float, beta_in: float, backend: str = "gloo") -> float:
+    """Reduce-scatter and all-gather inside the node, and an all-reduce across the nodes
+    (2(n-1) steps; the L slices share the link, N/n a step). Inside the node the all-gather
+    takes L-1 steps of N/L, and the reduce-scatter as many on nccl but 2(L-1) on gloo, whose
+    reduce-scatter is an all-reduce."""
+    steps_in = {"gloo": 3, "nccl": 2}.get(backend)
+    if steps_in is None:
+        raise ValueError(f"no reduce-scatter formula for backend {backend!r} (gloo or nccl)")
+    inside = steps_in * (local - 1) * (alpha_in + n_bytes / local / beta_in)
     across = 2 * (nodes - 1) * (alpha + n_bytes / nodes / beta)
     return inside + across
+
+
+def burst_intercept(burst: float, beta: float) -> float:
+    """Where the alpha-beta line of large messages crosses zero on a token-bucket link: the
+    first ``burst`` bytes pass at once, so n bytes take (n - burst) / beta."""
+    return -burst / beta
 
 
 def exposed_prediction(run: dict) -> dict[str, float]:

@@ -29,6 +29,16 @@ def test_a_report_into_a_missing_folder_is_refused_in_one_line(name, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("option", ["--round-trips"])
+def test_collectives_refuses_no_round_trips_or_repeats_in_one_line(option, tmp_path):
+    done = subprocess.run([sys.executable, str(path_of("cluster/collectives.py")), option, "0",
+                           "--report", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "collectives.py: error: --round-trips and --repeats must be at least 1\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def planted(text: str | None, returncode: int = 0):
     """A launch on every node that writes ``text`` as the report (None: none) and ends."""
     def torchrun_on(cluster, program, timeout, **kwargs):

@@ -4,10 +4,13 @@ Run on each node K of 2 (ranks 0..L-1 on node 0, L..2L-1 on node 1):
   GLOO_SOCKET_IFNAME=IF torchrun --nnodes 2 --nproc-per-node 2 --node-rank K \\
       --rdzv-endpoint NODE0_ADDR:29500 collectives.py --report report.json
 
-Four measurements, each repeated and its fastest kept:
+Five measurements, each repeated and its fastest kept:
+0. the latency: rank 0 and rank L (node 1) pass a 4-byte message back and forth, and
+   half the median round trip is one message's time; the same inside node 0;
 1. a sweep of point-to-point sends from rank 0 (node 0) to rank L (node 1): the time of
-   n bytes is fitted as alpha + n / beta (the link's latency and bandwidth); the same
-   from rank 0 to rank 1 (inside node 0: loopback);
+   n bytes is fitted as a line, whose slope is the link's bandwidth (for messages this
+   large the intercept is not the latency: see the chapter); the same from rank 0 to
+   rank 1 (inside node 0: loopback);
 2. a flat all-reduce of every rank's tensor over the whole group;
 3. a hierarchical all-reduce: reduce-scatter inside each node, all-reduce of each slice
    across the nodes (ranks with the same local rank), all-gather inside each node. It
@@ -110,6 +113,25 @@ def measured(phase, repeats, local_rank, world, device):
     return best, sent
 
 
+def latency(peer, rank, round_trips, device):
+    """Half the median round trip of a 4-byte message between rank 0 and ``peer``."""
+    token = torch.zeros(1, dtype=torch.int32, device=device)
+    times = []
+    dist.barrier()
+    for _ in range(round_trips):
+        if rank == 0:
+            start = time.perf_counter()
+            dist.send(token, dst=peer)
+            dist.recv(token, src=peer)
+            synchronize(device)
+            times.append(time.perf_counter() - start)
+        elif rank == peer:
+            dist.recv(token, src=0)
+            dist.send(token, dst=0)
+    dist.barrier()
+    return sorted(times)[len(times) // 2] / 2 if times else 0.0
+
+
 def write_report(path, report):
     """The report, written whole: a temporary file, then renamed (a file that exists is complete)."""
     with open(f"{path}.tmp", "w") as f:
@@ -123,9 +145,12 @@ def main():
                    help="bytes sent point to point in the sweep (comma-separated)")
     p.add_argument("--numel", type=int, default=2**21, help="float32 elements all-reduced")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--round-trips", type=int, default=50, help="of the latency ping-pong")
     p.add_argument("--report", help="rank 0 writes the check and the results here, as JSON")
     args = p.parse_args()
     folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.round_trips < 1 or args.repeats < 1:
+        p.exit(2, f"{p.prog}: error: --round-trips and --repeats must be at least 1\n")
     if args.report and not os.path.isdir(folder):
         p.exit(2, f"{p.prog}: error: argument --report: no folder {folder}\n")  # one line, no group
     device = rank_device()
@@ -139,6 +164,8 @@ def main():
     cross_groups = [dist.new_group(list(range(j, world, local_world))) for j in range(local_world)]
     node_group, cross_group = node_groups[node], cross_groups[local_rank]
 
+    one_way = {"across": latency(local_world, rank, args.round_trips, device),
+               "inside": latency(1, rank, args.round_trips, device)}
     sweep, intra_sweep = [], []
     for size in (int(s) for s in args.sizes.split(",")):
         buf = torch.ones(size, dtype=torch.uint8, device=device)
@@ -185,6 +212,8 @@ def main():
     same = torch.equal(flat_x, hier_x)  # small whole numbers: float32 sums are exact
     if rank == 0:
         print(f"hierarchical == flat: {same}")
+        print(f"latency: {one_way['across'] * 1e6:.0f} us across the link, "
+              f"{one_way['inside'] * 1e6:.0f} us inside node 0")
         for name in ("flat", "hierarchical"):
             r = results[name]
             print(f"{name}: {r['seconds'] * 1e3:.1f} ms, payload out of each node "
@@ -193,7 +222,7 @@ def main():
             write_report(args.report, {
                 "checks": [{"name": "hierarchical == flat", "ok": same}], "world": world,
                 "nodes": nodes, "local_world": local_world, "numel": args.numel,
-                "element_bytes": 4, "sweep": sweep, "intra_sweep": intra_sweep,
+                "element_bytes": 4, "latency": one_way, "sweep": sweep, "intra_sweep": intra_sweep,
                 "same_sum": same, **results})
     dist.destroy_process_group()
 
