@@ -4,9 +4,9 @@
 
 * the cluster: 2 nodes x 2 ranks (network namespaces), each node's link limited to ``LINK``
   by ``tc tbf`` (:mod:`ddpguide.cluster`);
-* its hardware, measured first and only by microbenchmarks: ``plan_step.py --measure --ranks
+* its hardware, measured first and only by microbenchmarks: ``plan_measure.py --measure --ranks
   4`` on the host (matmul FLOP/s per shape on one thread, memory bandwidth, one small
-  operation, the cores 4 busy processes get) and ``plan_step.py --sweep`` across the nodes
+  operation, the cores 4 busy processes get) and ``plan_measure.py --sweep`` across the nodes
   (gloo all-reduce inside a node and across: alpha, beta, burst);
 * time: every layout ``train.py`` runs of the GPT (``TIME_MODEL``, float32, sequence 64,
   batch 8), predicted, then run across the nodes with ``torchrun --nnodes 2``:
@@ -43,7 +43,7 @@ CHECK_SEQ, CHECK_BATCH = 16, 8
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
 QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "HSDP x FSDP 2 x 2")
-#: the quick mode's microbenchmarks (``plan_step.py --seconds``, ``--repeats``): shorter
+#: the quick mode's microbenchmarks (``plan_measure.py --seconds``, ``--repeats``): shorter
 #: timings, fewer of each size
 QUICK_SECONDS, QUICK_REPEATS = 0.02, 3
 
