@@ -51,10 +51,10 @@ def run_layout(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps:
                timeout: float = 600.0, cache: str | None = None) -> dict[str, Any]:
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
     every rank, the median step). ``cache``: a folder where each finished run is kept and
-    from which the same run is read back instead of run again. Its callers read the memory
-    counted, which the allocator's settings do not change: the ranks run with one thread
-    and no ``MALLOC_*`` tunable, so that the package tests may fork them warm
-    (:mod:`ddpguide.launch.warm`); the timed runs are :func:`run_on_cluster`'s."""
+    from which the same run is read back instead of run again. The memory counted is what the
+    allocator's settings do not change: the ranks run with one thread and no ``MALLOC_*``
+    tunable, so that the package tests may fork them warm (:mod:`ddpguide.launch.warm`). The
+    loopback time check reads its step too: one thread a rank, as the matmul table is timed."""
     extra = _extra(layout, model, seq, batch, dtype, steps)
     options = render.options(layout)
     return _cached(cache, " ".join((*options, *extra)), lambda: gpt_cost.measure(
