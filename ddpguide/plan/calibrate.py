@@ -8,9 +8,9 @@ can be far from the rate a run gets now: the whole compute term is off by that f
 dim`` by ``dim x ffn``, the best of five timings of ten) in every rank's process, all ranks
 at once, after the model is built and before its first step: a separate timing in the same
 process, not a step. Its ``peak_flops`` (the slowest rank's) is the rate this module uses.
-It is the best of five short windows, so it is the rate of a rank that has a core to itself
-for that window, as the table's rates are (one process alone): with four ranks on two cores
-the runs measure 57-80 GFLOP/s a rank, more than a shared core gives. :func:`beside` scales
+It is the best of five short windows, so it can read the rate of a rank that has a core to
+itself for that window even where ranks share the cores: it is taken as the table's rates are
+(one process alone), not as a shared rate. :func:`beside` scales
 every rate of the table by the run's rate over the table's rate for the same shape, and the
 simulation shares the cores among the busy ranks as before (``Hardware.cores``, still the
 table's). The result is the hardware for that one layout's prediction. The step time of the
