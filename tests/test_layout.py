@@ -53,7 +53,7 @@ PROGRAMS_USED = {
     "context": {"ring_attention.py"},
     "experts": {"moe_expert_parallel.py"},
     "gpt": {"gpt/train.py"},
-    "plan": {"plan_cost.py", "plan_step.py", "gpt/train.py", "gpt/model.py", "gpt/parallelize.py"},
+    "plan": {"plan_cost.py", "plan_step.py", "plan_measure.py", "gpt/train.py", "gpt/model.py", "gpt/parallelize.py"},
     "failures": {"ft_train.py", "elastic_train.py"},
     "slurm": {"slurm_requeue.py", "ft_train.py"},
     "cluster": {"cluster/collectives.py", "cluster/sharding.py", "cluster/ddp_overlap.py",

@@ -1,33 +1,24 @@
 """One training step of a layout, simulated from plan_cost.py's terms: each stage's micro-batches
 in the order torch's schedules run them, the collectives each waits for and the forward a checkpointed
 backward runs again, activations sent between stages, what FSDP's and DDP's collectives hide behind
-compute, the ranks sharing the cores; the parts of memory alive at once at the step's peak; and the
-microbenchmarks that measure a machine's figures.
+compute, the ranks sharing the cores; and the parts of memory alive at once at the step's peak.
 
-Run:  python plan_step.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
-      torchrun --standalone --nproc-per-node 4 plan_step.py --sweep hw.json     (one node's link)
-      torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-endpoint NODE0:29500 \
-          plan_step.py --sweep hw.json                  (on each node K: both link levels)
-      python plan_step.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
+Run:  python plan_step.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
+      (hw.json: this machine, written by plan_measure.py --measure and --sweep)
 
-plan_cost.py (the formulas) sits beside it: copy both. torch and the standard library only.
+plan_cost.py (the formulas) sits beside it: copy both. The standard library only.
 Source: torch's own schedules (torch/distributed/pipelining/schedules.py), FSDP2's streams and
 DDP's buckets (torch/distributed/fsdp/_fully_shard, torch/nn/parallel/distributed.py).
 """
 
 import argparse
-import datetime
 import json
 import math
-import multiprocessing
 import os
 import sys
-import time
 from dataclasses import asdict
 
 import plan_cost
-import torch
-import torch.distributed as dist
 
 
 def order(schedule: str, stages: int, stage: int, microbatches: int) -> list:
@@ -386,154 +377,6 @@ def predict(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, hw
             "peak_used": peak}
 
 
-def _timed(fn, seconds):
-    fn()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fn()
-        n += 1
-    return (time.perf_counter() - start) / n
-
-
-def _busy(barrier, out, seconds):
-    """One of several processes: the rate of a middle-sized matmul while the others run theirs."""
-    torch.set_num_threads(1)
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
-    barrier.wait(timeout=60)  # a sibling that never came: BrokenBarrierError, not a hang
-    out.put(2 * 256**3 / _timed(lambda: a @ b, seconds))
-
-
-def _tp_module(seconds):
-    """What a tensor-parallel module adds to a forward and backward: a column- and a row-split
-    Linear on a mesh of one rank against the same two plain, tiny (its own work is DTensor's)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        x = torch.randn(2, 4, 4)
-        pair = [torch.nn.Sequential(torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False))
-                for _ in range(2)]
-        parallelize_module(pair[1], init_device_mesh("cpu", (1,)), {"0": ColwiseParallel(), "1": RowwiseParallel()})
-        plain, split = (_timed(lambda m=m: m(x).sum().backward(), 10 * seconds) for m in pair)
-        return max(0.0, split - plain) / 2
-    finally:
-        dist.destroy_process_group()
-
-
-def measure(path, ranks=1, seconds=0.1):
-    """This machine's matmul rate per shape (one thread, as each rank runs), its memory
-    bandwidth, the time of one small operation, what a tensor-parallel module adds, and the
-    cores `ranks` busy processes get (their matmul rate together over one process's alone):
-    written to path (JSON)."""
-    torch.set_num_threads(1)
-    rows = []
-    for m_ in (64, 256, 1024):
-        for k in (16, 64, 256, 1024):
-            for n in (16, 64, 256, 1024):
-                a, b = torch.randn(m_, k), torch.randn(k, n)
-                rows.append([m_, k, n, 2 * m_ * k * n / _timed(lambda a=a, b=b: a @ b, seconds)])
-    big = torch.randn(2**22)
-    bandwidth = 2 * big.numel() * 4 / _timed(lambda: big.mul(1.0001), seconds)
-    tiny = torch.randn(8)
-    op = _timed(lambda: tiny.add(1.0), seconds)
-    cores = 0.0
-    if ranks > 1:
-        # one process's rate: the best of five windows, so that a window another process
-        # shared does not pass for this machine's speed (the busy ranks' rates are shared)
-        a, b = torch.randn(256, 256), torch.randn(256, 256)
-        alone = max(2 * 256**3 / _timed(lambda: a @ b, seconds) for _ in range(5))
-        ctx = multiprocessing.get_context("fork")
-        barrier, out = ctx.Barrier(ranks), ctx.Queue()
-        # daemons: whatever happens here, none outlives this process
-        procs = [ctx.Process(target=_busy, args=(barrier, out, 10 * seconds), daemon=True)
-                 for _ in range(ranks)]
-        for proc in procs:
-            proc.start()
-        rates = [out.get(timeout=120) for _ in procs]
-        for proc in procs:
-            proc.join(timeout=30)
-        cores = sum(rates) / alone
-    tp_module = _tp_module(seconds)
-    hw = plan_cost.Hardware(name="this-machine", peak=max(r[3] for r in rows), memory=os.sysconf("SC_PAGE_SIZE")
-                  * os.sysconf("SC_PHYS_PAGES"), bandwidth=bandwidth, gpus_per_node=64,
-                  op_seconds=op, tp_module_seconds=tp_module, matmul=rows, backend="gloo", streams=False,
-                  overlap=False,
-                  cores=cores, sources={"all": f"measured by plan_step.py --measure, {time.strftime('%Y-%m-%d')}"})
-    if os.path.exists(path):
-        with open(path) as f:
-            hw.links = json.load(f).get("links", hw.links)
-    with open(path, "w") as f:
-        json.dump(asdict(hw), f)
-
-
-def fit(samples):
-    """alpha, beta, burst of a link from [(messages in a row, bytes on the link, seconds)] of
-    one kind of call: alpha from the three smallest calls (their bytes pass at once, only
-    latency is left: the middle one of them), then seconds - messages x alpha = beta x
-    max(0, bytes - burst) by least squares for each burst tried (0 and each sampled size but
-    the two largest), the best kept. A burst is what a tc tbf link passes at once after a
-    pause (its bucket); a real link has none."""
-    small = sorted(samples, key=lambda x: x[1])[:3]
-    alpha = sorted(t / k for k, _, t in small)[1]  # the middle one of the three smallest calls
-    best = None
-    for burst in [0.0] + sorted({x[1] for x in samples})[:-2]:
-        rows = [(max(0.0, w - burst), t - k * alpha) for k, w, t in samples]
-        beta = sum(w * t for w, t in rows) / sum(w * w for w, _ in rows)
-        error = sum((beta * w - t) ** 2 for w, t in rows)
-        if beta > 0 and (best is None or error < best[0]):
-            best = (error, [alpha, beta, burst])
-    return best[1]
-
-
-def sweep(path, repeats=5):
-    """Under torchrun: all-reduces of several sizes inside every node at once (the ranks of a
-    node share its cores, as in training) and, with several nodes, across them (one rank a
-    node, one transfer on each link): alpha, beta and burst of each link level (fit), added
-    to path (JSON) by rank 0."""
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    nodes = world // local
-    inside = [dist.new_group(list(range(k * local, (k + 1) * local))) for k in range(nodes)]
-    mine = list(range(rank // local * local, (rank // local + 1) * local))
-    levels = {"node": (inside[rank // local], mine, (2**10, 2**14, 2**16, 2**18, 2**20, 2**22))}
-    if nodes > 1:
-        across = list(range(0, world, local))
-        levels["net"] = (dist.new_group(across), across,
-                         (2**10, 2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20, 2**21))
-    found = {}
-    for level, (group, ranks, sizes) in levels.items():
-        n = len(ranks)
-        samples = []
-        for size in sizes:
-            x = torch.zeros(size // 4)
-            times = []
-            for _ in range(repeats):
-                dist.barrier()
-                time.sleep(0.05)  # a pause, as compute makes between collectives
-                start = time.perf_counter()
-                if rank in ranks and n > 1:
-                    dist.all_reduce(x, group=group)
-                times.append(time.perf_counter() - start)
-            samples.append((2 * (n - 1), 2 * (n - 1) / n * size, sorted(times)[len(times) // 2]))
-        found[level] = samples
-    dist.barrier()
-    dist.destroy_process_group()
-    if rank:
-        return
-    hw = json.load(open(path)) if os.path.exists(path) else asdict(plan_cost.Hardware())
-    hw["links"] = {level: fit(samples) for level, samples in found.items() if samples[0][0]}
-    hw["sweep"] = found
-    hw["links"].setdefault("net", hw["links"].get("node", [0.0, 0.0, 0.0]))
-    hw["links"].setdefault("node", hw["links"]["net"])
-    hw["gpus_per_node"], hw["collective_seconds"] = local if nodes > 1 else hw.get("gpus_per_node", local), 0.0
-    hw.setdefault("sources", {})["links"] = (f"gloo all-reduce sweep, {nodes} node(s) x {local} ranks, "
-                                             f"{time.strftime('%Y-%m-%d')}")
-    with open(path, "w") as f:
-        json.dump(hw, f)
-
-
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line on stderr, exit status 2, nothing started or written
         sys.stderr.write(f"plan_step.py: {message}\n")
@@ -542,13 +385,6 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv=None):
     p = Parser(prog="plan_step.py", description=__doc__.splitlines()[0])
-    p.add_argument("--measure", metavar="FILE", help="measure this machine into FILE (JSON)")
-    p.add_argument("--sweep", metavar="FILE", help="under torchrun: add each link level to FILE")
-    p.add_argument("--ranks", type=int, default=1, help="with --measure: busy processes sharing the cores")
-    p.add_argument("--seconds", type=float, default=0.1,
-                   help="with --measure: how long each timing runs (default 0.1)")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="with --sweep: timings of each size, the median kept (default 5)")
     p.add_argument("--hardware", metavar="FILE", help="predict with the hardware in FILE")
     for name, value in asdict(plan_cost.Model()).items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else int
@@ -560,24 +396,9 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=64)
     a = p.parse_args(argv)
-    for name in ("measure", "sweep"):
-        path = getattr(a, name)
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            p.error(f"--{name} {path}: no folder {os.path.dirname(os.path.abspath(path))}")
-    if a.measure:
-        if a.ranks < 1:
-            p.error(f"--ranks {a.ranks}: must be at least 1")
-        if not a.seconds > 0:
-            p.error(f"--seconds {a.seconds:g}: must be more than 0")
-        return measure(a.measure, a.ranks, a.seconds)
-    if a.sweep:
-        if "LOCAL_WORLD_SIZE" not in os.environ:
-            p.error("--sweep: run it under torchrun (it times all-reduces between the ranks)")
-        if a.repeats < 1:
-            p.error(f"--repeats {a.repeats}: must be at least 1")
-        return sweep(a.sweep, a.repeats)
     if not a.hardware or not os.path.isfile(a.hardware):
-        p.error(f"--hardware {a.hardware or 'FILE'}: no such file (write one with --measure and --sweep)")
+        p.error(f"--hardware {a.hardware or 'FILE'}: no such file "
+                "(write one with plan_measure.py --measure and --sweep)")
     m = plan_cost.Model(**{k: getattr(a, k) for k in asdict(plan_cost.Model())})
     lay = plan_cost.Layout(**{k: getattr(a, k) for k in asdict(plan_cost.Layout())})
     for name in ("layers", "dim", "heads", "ffn", "vocab", "batch", "seq", "bytes", *plan_cost.AXES, "microbatches"):

@@ -4,15 +4,23 @@
 
 * the cluster: 2 nodes x 2 ranks (network namespaces), each node's link limited to ``LINK``
   by ``tc tbf`` (:mod:`ddpguide.cluster`);
-* its hardware, measured first and only by microbenchmarks: ``plan_step.py --measure --ranks
+* its hardware, measured first and only by microbenchmarks: ``plan_measure.py --measure --ranks
   4`` on the host (matmul FLOP/s per shape on one thread, memory bandwidth, one small
-  operation, the cores 4 busy processes get) and ``plan_step.py --sweep`` across the nodes
+  operation, the cores 4 busy processes get) and ``plan_measure.py --sweep`` across the nodes
   (gloo all-reduce inside a node and across: alpha, beta, burst);
 * time: every layout ``train.py`` runs of the GPT (``TIME_MODEL``, float32, sequence 64,
   batch 8), predicted, then run across the nodes with ``torchrun --nnodes 2``:
   ``step_predicted_over_measured`` per layout, ``rank_correlation`` (Spearman),
   ``best_layout_measured_over_best_measured``, and the same ranking with DTensor's built-in
   link constants in place of the measured links (``..._dtensor_constants``);
+* time on loopback (no link limit, so compute is most of some steps): the ``LOOPBACK`` layouts
+  of GPTs of several widths, each predicted from ``plan_measure.py`` run just before them
+  (``..._loopback_table``) and with the matmul rate ``train.py --cost`` times in its ranks
+  before the steps (:mod:`ddpguide.plan.calibrate`: ``step_predicted_over_measured_loopback``,
+  ``rank_correlation_loopback``);
+* each term of the model doubled against the cluster's and loopback's layouts
+  (``perturbed_<term>_out_of_band``) and the predicted compute share of all of them
+  (``compute_share_min``, ``compute_share_max``);
 * memory: the same runs, and on this machine's loopback every layout of the checks' GPT
   (float64) at 8 ranks, and at 4 with grouped-query attention and with a mixture of experts:
   the parts ``train.py --cost`` counts (parameters, gradients, AdamW state, what autograd
@@ -35,15 +43,19 @@ import sys
 import time
 
 from ddpguide.bench.report import Report
-from ddpguide.plan import catalog, checks, measure, perturb, published, search, tracker
+from ddpguide.plan import calibrate, catalog, checks, hardware, measure, perturb, published, search, tracker
 from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
 
 CHECK_SEQ, CHECK_BATCH = 16, 8
 #: the memory check's runs on loopback: (label, ranks, the checks' GPT changed so)
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
-QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "HSDP x FSDP 2 x 2")
-#: the quick mode's microbenchmarks (``plan_step.py --seconds``, ``--repeats``): shorter
+QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "PP x HSDP 2 x 2, 1F1B m2")  # steps of about 0.5 s (HSDP alone: 3 s)
+#: the time check on loopback (no link limit): (the GPT's width, ranks, sequence, batch, layout),
+#: chosen so that predicted compute runs from a small share of the step to nearly all of it
+LOOPBACK: tuple[tuple[int, int, int, int, str], ...] = (
+    (32, 4, 64, 8, "CP 4"), (128, 4, 64, 8, "TP 4"), (128, 4, 64, 8, "DDP 4"), (768, 2, 128, 16, "DDP 2"))
+#: the quick mode's microbenchmarks (``plan_measure.py --seconds``, ``--repeats``): shorter
 #: timings, fewer of each size
 QUICK_SECONDS, QUICK_REPEATS = 0.02, 3
 
@@ -80,7 +92,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
             bar.update()
             step = p.step(model, lay, pol, hw, TIME_BATCH, TIME_SEQ)
             mem = measure.memory_ratios(p, lay, model, pol, TIME_SEQ, TIME_BATCH, result)
-            rows.append({"name": name, "layout": lay, "predicted": step["total"], "measured": result["step_seconds"],
+            rows.append({"name": name, "layout": lay, "hardware": hw, "predicted": step["total"],
+                         "measured": result["step_seconds"],
                          "dtensor": p.step(model, lay, pol, dt_hw, TIME_BATCH, TIME_SEQ)["total"]})
             report.ratios[f"step_predicted_over_measured: {name}"] = step["total"] / result["step_seconds"]
             report.ratios[f"memory_predicted_over_measured: 4 ranks: {name}"] = mem["check"]
@@ -97,19 +110,65 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
     report.ratios["rank_correlation_dtensor_constants"] = checks.spearman(dtensor, measured)
     report.ratios["best_layout_measured_over_best_measured"] = checks.choice(predicted, measured)
     report.ratios["best_layout_measured_over_best_measured_dtensor_constants"] = checks.choice(dtensor, measured)
-    found = perturb.check(p, rows, model, pol, hw, TIME_BATCH, TIME_SEQ)
-    for term in perturb.TERMS:
-        report.ratios[f"perturbed_{term}_out_of_band"] = found[term]["out_of_band"]
-    shares = perturb.shares(p, rows, model, pol, hw, TIME_BATCH, TIME_SEQ)
-    report.ratios["compute_share_min"], report.ratios["compute_share_max"] = min(shares), max(shares)
-    report.add("each term of the model doubled", sum(found[t]["out_of_band"] for t in perturb.TERMS),
-               "terms whose doubling fails the check", **{t: {k: v for k, v in found[t].items() if k != "inside"}
-                                                          for t in perturb.TERMS})
     ratios = [a / b for a, b in zip(predicted, measured)]
     report.add("step predicted over measured, all layouts", statistics.median(ratios), "median",
                min=min(ratios), max=max(ratios), within=sum(0.8 <= r <= 1.25 for r in ratios), layouts=len(ratios),
                dtensor_constants_median=statistics.median(a / b for a, b in zip(dtensor, measured)))
     return {r["name"]: r for r in rows}
+
+
+def scored(report: Report, p, sets: dict[str, list[dict]], model, pol) -> None:
+    """Each term of the model doubled, against each set of measured layouts (the cluster's, and
+    loopback's with their own model in each row; each row holds its hardware): ``perturbed_<term>_out_of_band``
+    is 1 when the doubling fails the check on any set; the predicted compute share of every
+    layout of every set, its least and most."""
+    found = {name: perturb.check(p, rows, model, pol, None, TIME_BATCH, TIME_SEQ) for name, rows in sets.items()}
+    for term in perturb.TERMS:
+        report.ratios[f"perturbed_{term}_out_of_band"] = max(f[term]["out_of_band"] for f in found.values())
+    shares = [x for rows in sets.values() for x in perturb.shares(p, rows, model, pol, None, TIME_BATCH, TIME_SEQ)]
+    report.ratios["compute_share_min"], report.ratios["compute_share_max"] = min(shares), max(shares)
+    failing = sum(report.ratios[f"perturbed_{t}_out_of_band"] for t in perturb.TERMS)
+    report.add("each term of the model doubled", failing, "terms whose doubling fails the check",
+               **{f"{name}: {t}": {k: v for k, v in f[t].items() if k != "inside"} for name, f in found.items()
+                  for t in perturb.TERMS})
+
+
+def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
+    """The :data:`LOOPBACK` layouts run on this machine's loopback with ``train.py --cost``, each
+    predicted twice: from the hardware measured before all of them (the table), and with the
+    compute rate measured beside its own run (:mod:`ddpguide.plan.calibrate`: a matmul timed in
+    each rank's process before the steps, never the steps). The rows, with their hardware, for
+    the perturbation check."""
+    pol = catalog.policy(p, "float32")
+    hw = hardware.measured(p, ranks=4)
+    report.add("loopback hardware", hw.peak / 1e9, "GFLOP/s a thread (best matmul)", cores=hw.cores,
+               links=hw.links)
+    bar.total += len(LOOPBACK)
+    rows = []
+    for dim, ranks, seq, batch, name in LOOPBACK:
+        model = catalog.model(p, "gpt", layers=2, dim=dim, heads=4, ffn=4 * dim)
+        lay = next(x for x in search.plain(p, model, ranks, batch, seq) if search.name(x) == name)
+        label = f"dim {dim}, {name}"
+        load = os.getloadavg()[0]
+        result = measure.run_layout(lay, model, seq, batch, "float32", steps=5, cache=cache)
+        bar.update()
+        here = calibrate.beside(p, hw, model, lay, batch, seq, result)
+        table, step = (p.step(model, lay, pol, h, batch, seq) for h in (hw, here))
+        measured = result["step_seconds"]
+        rows.append({"name": label, "layout": lay, "model": model, "batch": batch, "seq": seq, "hardware": here,
+                     "predicted": step["total"], "measured": measured, "share": step["compute"] / step["total"]})
+        report.ratios[f"step_predicted_over_measured_loopback: {label}"] = step["total"] / measured
+        report.ratios[f"step_predicted_over_measured_loopback_table: {label}"] = table["total"] / measured
+        report.add(f"loopback {label}: step", measured * 1e3, "ms", predicted_ms=step["total"] * 1e3,
+                   table_predicted_ms=table["total"] * 1e3, compute_share=rows[-1]["share"],
+                   rate_scale=calibrate.scale(p, hw, model, lay, batch, seq, result), load_before=load)
+        _say(f"loopback {label}: step predicted {step['total'] * 1e3:.0f} ms beside the run "
+             f"({step['total'] / measured:.2f}), {table['total'] * 1e3:.0f} ms from the table "
+             f"({table['total'] / measured:.2f}), measured {measured * 1e3:.0f} ms; compute "
+             f"{rows[-1]['share']:.2f} of the step; load {load:.1f}")
+    predicted, measured = [r["predicted"] for r in rows], [r["measured"] for r in rows]
+    report.ratios["rank_correlation_loopback"] = checks.spearman(predicted, measured)
+    return rows
 
 
 def tracked(report: Report, p, policy) -> None:
@@ -140,7 +199,10 @@ def run(quick: bool = False) -> Report:
                                 for lay in search.plain(p, model, ranks, CHECK_BATCH, CHECK_SEQ)]
     bar = tqdm(total=len(checked), desc="plan", file=sys.stderr, leave=False)
     load = os.getloadavg()[0]
-    time_check(report, p, quick, cache, bar)
+    sets = {"cluster": list(time_check(report, p, quick, cache, bar).values())}
+    if not quick:
+        sets["loopback"] = loopback_check(report, p, cache, bar)
+    scored(report, p, sets, catalog.model(p, "gpt", **TIME_MODEL), catalog.policy(p, "float32"))
     check_pol = catalog.policy(p, "float64")
     for label, check_model, lay in checked:
         name = search.name(lay)

@@ -19,8 +19,15 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
                                           "counted by train.py --cost at the busiest rank", "", "0.95-1.05"),
     "published_predicted_over_reported: *": ("tokens/s a GPU (torchtitan) or MFU (the Playbook, picotron) "
                                              "predicted / published, H100 data sheet", "", "median 0.8-1.25"),
-    "compute_share_min": ("predicted compute over predicted step, the layout with the least (the time check "
-                          "tests a term only where it is a large share)", "", "< 0.25"),
+    "step_predicted_over_measured_loopback: *": ("step time predicted with the compute rate measured beside "
+                                                 "the run (a matmul timed in its ranks before the steps) / "
+                                                 "measured, that layout on loopback", "", "0.8-1.25"),
+    "step_predicted_over_measured_loopback_table: *": ("the same predicted from the matmul table measured before "
+                                                       "all the loopback runs", "", ""),
+    "rank_correlation_loopback": ("Spearman's rank correlation of the loopback layouts, the rate beside each run",
+                                  "", ">= 0.8"),
+    "compute_share_min": ("predicted compute over predicted step, the layout with the least, the cluster's and "
+                          "loopback's (the time check tests a term only where it is a large share)", "", "< 0.25"),
     "compute_share_max": ("the same, the layout with the most", "", "> 0.75"),
     "memory_predicted_over_tracker: *": ("predicted peak, every part (FSDP's buffers included) / the peak torch's "
                                          "FSDPMemTracker or MemTracker sees, busiest rank, loopback", "", "0.9-1.1"),

@@ -1,7 +1,7 @@
 """The hardware a prediction is made on, loaded in one place.
 
 :func:`named` is a data sheet of :data:`catalog.HARDWARE` (its name in any case);
-:func:`from_file` a JSON file that ``plan_step.py --measure`` and ``--sweep`` wrote (or any
+:func:`from_file` a JSON file that ``plan_measure.py --measure`` and ``--sweep`` wrote (or any
 object of ``plan_cost.Hardware``'s fields), refused in one line when it is not one;
 :func:`from_fields` the same object once read (a saved benchmark's); :func:`measured` this
 machine, measured now; :func:`load` the one a ``--hardware`` option names.
@@ -17,7 +17,9 @@ from typing import Any
 
 from ddpguide.core import scratch
 from ddpguide.core.commands import InputError
+from ddpguide.launch import report as reports
 from ddpguide.launch.programs import torchrun
+from ddpguide.launch.report import ReportError
 from ddpguide.plan import catalog, search
 
 #: what ``--hardware`` takes besides a data sheet's name and a ``.json`` file
@@ -84,18 +86,31 @@ def from_file(p: ModuleType, path: str | Path) -> Any:
 
 
 def measured(p: ModuleType, ranks: int = 4, folder: Path | None = None) -> Any:
-    """This machine measured now: ``plan_step.py --measure`` (matmul rate per shape, memory
-    bandwidth, one small operation, the cores ``ranks`` busy ranks get) and ``plan_step.py
-    --sweep`` under ``torchrun`` (alpha, beta and burst of gloo's all-reduce on loopback)."""
+    """This machine measured now: ``plan_measure.py --measure`` (matmul rate per shape, memory
+    bandwidth, one small operation, the cores ``ranks`` busy ranks get) and ``plan_measure.py
+    --sweep`` under ``torchrun`` (alpha, beta and burst of gloo's all-reduce on loopback), each
+    run's report checked (:func:`checked`)."""
     folder = Path(folder or scratch.folder("ddpguide-plan-"))
     path = folder / "hw.json"
-    search.run_step("--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,
-                    workdir=folder / "measure")
-    search.run_step("--sweep", str(path), launcher=torchrun(ranks), echo=False, timeout=300,
-                    workdir=folder / "sweep", env={"OMP_NUM_THREADS": "1"})
+    checked(search.run_step("--measure", str(path), "--ranks", str(ranks), echo=False, timeout=300,
+                            workdir=folder / "measure", program=search.MEASURE, report=True))
+    checked(search.run_step("--sweep", str(path), launcher=torchrun(ranks), echo=False, timeout=300,
+                            workdir=folder / "sweep", env={"OMP_NUM_THREADS": "1"}, program=search.MEASURE,
+                            report=True))
     hw = from_file(p, path)
     hw.gpus_per_node = max(hw.gpus_per_node, ranks)
     return hw
+
+
+def checked(done: Any) -> dict[str, Any]:
+    """The report of a ``plan_measure.py`` run (read through :mod:`ddpguide.launch.report`);
+    :class:`ReportError` (one line) naming the checks that failed."""
+    found = done.report
+    if found is None:
+        raise ReportError(f"{done.command}: no report")
+    if reports.failed(found):
+        raise ReportError(f"{done.command}: failed checks: {', '.join(reports.failed(found))}")
+    return found
 
 
 def load(p: ModuleType, which: str, ranks: int = 4) -> Any:

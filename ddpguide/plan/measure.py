@@ -1,7 +1,7 @@
 """What the planner's checks measure: the emulated cluster's hardware (microbenchmarks only)
 and the capstone's ``train.py`` on a layout (its own counting of memory, its step).
 
-:func:`cluster_hardware` runs ``plan_step.py --measure`` on the host and ``plan_step.py
+:func:`cluster_hardware` runs ``plan_measure.py --measure`` on the host and ``plan_measure.py
 --sweep`` across chapter 15's emulated nodes (this machine alone: :func:`hardware.measured`).
 :func:`run_layout` runs ``gpt/train.py --cost`` on a layout (its options:
 :func:`render.options`) and returns its ``cost`` record (:func:`run_on_cluster`: the same
@@ -51,10 +51,10 @@ def run_layout(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps:
                timeout: float = 600.0, cache: str | None = None) -> dict[str, Any]:
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
     every rank, the median step). ``cache``: a folder where each finished run is kept and
-    from which the same run is read back instead of run again. Its callers read the memory
-    counted, which the allocator's settings do not change: the ranks run with one thread
-    and no ``MALLOC_*`` tunable, so that the package tests may fork them warm
-    (:mod:`ddpguide.launch.warm`); the timed runs are :func:`run_on_cluster`'s."""
+    from which the same run is read back instead of run again. The memory counted is what the
+    allocator's settings do not change: the ranks run with one thread and no ``MALLOC_*``
+    tunable, so that the package tests may fork them warm (:mod:`ddpguide.launch.warm`). The
+    loopback time check reads its step too: one thread a rank, as the matmul table is timed."""
     extra = _extra(layout, model, seq, batch, dtype, steps)
     options = render.options(layout)
     return _cached(cache, " ".join((*options, *extra)), lambda: gpt_cost.measure(
@@ -96,13 +96,18 @@ def cluster_hardware(p: ModuleType, cluster: Any, folder: Path | None = None, se
     ranks = cluster.spec.nodes * cluster.spec.ranks_per_node
     timing = ["--seconds", f"{seconds:g}"] if seconds is not None else []
     sizes = ["--repeats", str(repeats)] if repeats is not None else []
-    search.run_step("--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
-                    workdir=folder / "measure")
+    hardware.checked(search.run_step("--measure", str(path), "--ranks", str(ranks), *timing, echo=False, timeout=300,
+                                     workdir=folder / "measure", program=search.MEASURE, report=True))
     # the book's own file: its folder, with plan_cost.py, is the script's first import path
-    ended = torchrun_on(cluster, [str(path_of(search.STEP)), "--sweep", str(path), *sizes], 300, cwd=folder)
+    swept = folder / "sweep.json"
+    ended = torchrun_on(cluster, [str(path_of(search.MEASURE)), "--sweep", str(path), *sizes, "--report", str(swept)],
+                        300, cwd=folder)
     failed = [(e.errors.strip().splitlines() or [f"exit {e.returncode}"])[-1] for e in ended if e.returncode != 0]
     if failed:
-        raise RuntimeError("plan_step.py --sweep on the cluster: " + " | ".join(failed))
+        raise RuntimeError(f"{search.MEASURE} --sweep on the cluster: " + " | ".join(failed))
+    sweep = reports.read(swept, f"{search.MEASURE} --sweep on the cluster")
+    if reports.failed(sweep):
+        raise ReportError(f"{search.MEASURE} --sweep on the cluster: failed checks: {', '.join(reports.failed(sweep))}")
     hw = hardware.from_file(p, path)
     hw.name = f"cluster {cluster.spec.nodes} x {cluster.spec.ranks_per_node}, {cluster.spec.link}"
     hw.nics, hw.overlap = 1, True  # one link a node, shared by its ranks; DDP's all-reduce waits on it

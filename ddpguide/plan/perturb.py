@@ -5,7 +5,8 @@ the layouts it then moves out of the band.
 (parts of the step the simulation reports: doubling one adds it again), each collective kind
 (every call of that kind takes twice its time, through the whole simulation, hidden or not),
 and ``overlap`` (what the model hides behind compute, DDP's all-reduce and FSDP's streams,
-hidden no more). :func:`check` scores every measured layout against each perturbed model.
+hidden no more). :func:`check` scores every measured layout against each perturbed model (a row
+may carry its own ``model``, ``hardware``, ``batch`` and ``seq``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,13 @@ def step(p: ModuleType, term: str, model: Any, layout: Any, policy: Any, hw: Any
         vars(formulas)["collective"] = original
 
 
+def _case(row: dict[str, Any], model: Any, policy: Any, hw: Any, batch: int, seq: int) -> tuple:
+    """A row's (model, layout, policy, hardware, batch, seq): the row's own model, hardware,
+    batch and sequence where it has them (a layout predicted with the rate beside its run)."""
+    return (row.get("model", model), row["layout"], policy, row.get("hardware", hw), row.get("batch", batch),
+            row.get("seq", seq))
+
+
 def check(p: ModuleType, rows: list[dict[str, Any]], model: Any, policy: Any, hw: Any, batch: int,
           seq: int) -> dict[str, dict[str, Any]]:
     """For each term (and ``""``, the model as it is): the layouts within the band, Spearman's
@@ -52,7 +60,7 @@ def check(p: ModuleType, rows: list[dict[str, Any]], model: Any, policy: Any, hw
     measured = [r["measured"] for r in rows]
     out: dict[str, dict[str, Any]] = {}
     for term in ("", *TERMS):
-        predicted = [step(p, term, model, r["layout"], policy, hw, batch, seq) for r in rows]
+        predicted = [step(p, term, *_case(r, model, policy, hw, batch, seq)) for r in rows]
         inside = [BAND[0] <= a / b <= BAND[1] for a, b in zip(predicted, measured)]
         out[term] = {"within": sum(inside), "layouts": len(rows), "inside": inside,
                      "rank_correlation": checks.spearman(predicted, measured)}
@@ -67,5 +75,5 @@ def check(p: ModuleType, rows: list[dict[str, Any]], model: Any, policy: Any, hw
 def shares(p: ModuleType, rows: list[dict[str, Any]], model: Any, policy: Any, hw: Any, batch: int,
            seq: int) -> list[float]:
     """Each layout's predicted compute over its predicted step."""
-    found = [p.step(model, r["layout"], policy, hw, batch, seq) for r in rows]
+    found = [p.step(*_case(r, model, policy, hw, batch, seq)) for r in rows]
     return [s["compute"] / s["total"] for s in found]

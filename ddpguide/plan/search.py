@@ -23,6 +23,8 @@ from ddpguide.launch.programs import ProgramRun, copy_program, load, path_of, ru
 PROGRAM = "plan_cost.py"
 #: the step simulation, which imports them
 STEP = "plan_step.py"
+#: the microbenchmarks that write a machine's Hardware (``--measure``, ``--sweep``)
+MEASURE = "plan_measure.py"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 CHECKPOINTING = ("none", "selective", "full")
 LABELS = {"pp": "PP", "dp_replicate": "DDP", "dp_shard": "FSDP", "cp": "CP", "ep": "EP", "tp": "TP"}
@@ -42,12 +44,13 @@ def program() -> ModuleType:
     return both
 
 
-def run_step(*args: str, workdir: str | Path | None = None, **options: Any) -> ProgramRun:
-    """``plan_step.py`` run as a reader runs it (:func:`ddpguide.launch.programs.run`), in a folder
-    that holds the ``plan_cost.py`` it imports beside it."""
+def run_step(*args: str, workdir: str | Path | None = None, program: str = STEP, **options: Any) -> ProgramRun:
+    """``plan_step.py`` (or ``program``: :data:`MEASURE`) run as a reader runs it
+    (:func:`ddpguide.launch.programs.run`), in a folder that holds the ``plan_cost.py`` it
+    imports beside it."""
     folder = Path(workdir) if workdir else scratch.folder("ddpguide-plan-step-")
     copy_program(PROGRAM, folder)
-    return run(STEP, *args, workdir=folder, **options)
+    return run(program, *args, workdir=folder, **options)
 
 
 def version() -> str:

@@ -50,3 +50,20 @@ def test_doubling_is_through_the_whole_simulation():
     assert doubled > before and p.step(model, lay, pol, hw, 8, 16)["total"] == before
     with pytest.raises(ValueError, match="no term 'nccl'"):
         perturb.step(p, "nccl", model, lay, pol, hw, 8, 16)
+
+
+def test_a_row_is_predicted_with_its_own_model_and_hardware():
+    """A loopback row carries the model, batch, sequence and hardware it ran with (the rate
+    beside its run): check() and shares() predict it with those, not the call's defaults."""
+    p = search.program()
+    pol = catalog.policy(p, "float32")
+    hw = p.Hardware(gpus_per_node=2, nics=1, backend="gloo", streams=False, peak=1e10)
+    slow = p.Hardware(gpus_per_node=2, nics=1, backend="gloo", streams=False, peak=1e9)
+    wide, narrow = (catalog.model(p, "gpt", layers=2, dim=d, heads=4, ffn=4 * d) for d in (256, 32))
+    lay = p.Layout(dp_replicate=2)
+    own = {"layout": lay, "model": wide, "hardware": slow, "batch": 8, "seq": 64}
+    step = p.step(wide, lay, pol, slow, 8, 64)
+    rows = [{**own, "measured": step["total"]}, {**own, "measured": 2 * step["total"]}]
+    found = perturb.check(p, rows, narrow, pol, hw, 2, 16)
+    assert found[""]["inside"] == [True, False]
+    assert perturb.shares(p, rows, narrow, pol, hw, 2, 16)[0] == step["compute"] / step["total"]

@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from ddpguide.launch.programs import load
 from ddpguide.plan import catalog, checks, hardware, saved, search
 
 
@@ -109,12 +110,14 @@ def test_collective_seconds(p):
     assert p.ring("reduce_scatter", 4) == (3, 0.75)  # nccl's
 
 
-def test_fit_recovers_a_link(p):
-    """The sweep's fit: alpha, beta and a tbf burst back from exact samples of 2-rank all-reduces."""
+def test_fit_recovers_a_link():
+    """The sweep's fit (plan_measure.py's): alpha, beta and a tbf burst back from exact samples of
+    2-rank all-reduces."""
+    fit = load(search.MEASURE).fit
     alpha, beta, burst = 4e-4, 4e-7, 65536
     samples = [(2, w, 2 * alpha + beta * max(0, w - burst)) for w in (1024, 16384, 32768, 65536, 131072,
                                                                          262144, 524288, 1048576)]
-    got = p.fit(samples)
+    got = fit(samples)
     assert got[0] == pytest.approx(alpha) and got[1] == pytest.approx(beta) and got[2] == burst
 
 

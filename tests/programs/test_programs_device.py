@@ -15,9 +15,9 @@ import torch.distributed as dist
 from ddpguide.core.runtime import select_runtime, shared_gpu_refusal
 from tests.programs.programs_support import PROGRAMS, load_program
 
-# plan_step.py's --sweep runs under torchrun but measures gloo on this machine's CPUs on
+# plan_measure.py's --sweep runs under torchrun but measures gloo on this machine's CPUs on
 # purpose (a GPU's figures come from its data sheet), so it has no rank device to choose.
-CPU_MEASUREMENTS = {"plan_step.py"}
+CPU_MEASUREMENTS = {"plan_measure.py"}
 TORCHRUN_PROGRAMS = sorted(  # every folder's: the GPT's train.py too
     str(path.relative_to(PROGRAMS)) for path in PROGRAMS.glob("**/*.py")
     if "LOCAL_WORLD_SIZE" in path.read_text() and path.parent.name != "debug"

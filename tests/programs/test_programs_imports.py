@@ -15,6 +15,7 @@ ALLOWED = set(sys.stdlib_module_names) | {"torch", "torchvision", "numpy", "skle
 #: the field's own libraries a chapter teaches, by program
 EXTRA = {"ft_train.py": {"torchft"}, "plan_step.py": {"plan_cost"}}  # plan_step.py: its neighbour, copied with it
 EXTRA["diloco_digits.py"] = {"torchft"}
+EXTRA["plan_measure.py"] = {"plan_cost"}  # its neighbour too: the Hardware it fills
 NAMES = sorted(path.name for path in PROGRAMS.glob("*.py"))
 #: every program and module below book/programs, in every folder (gpt/, debug/)
 ALL = sorted(str(path.relative_to(PROGRAMS)) for path in PROGRAMS.glob("**/*.py"))
