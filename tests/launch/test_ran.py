@@ -116,3 +116,24 @@ def test_the_run_line_runs_typed_under_typed_once_whatever_ran_before(monkeypatc
     desync, typed = programs.path_of("debug/desync.py"), ["torchrun", "--standalone", "--nproc-per-node=2", "desync.py"]
     assert starts.is_run_line(desync, typed, {"TORCH_FR_DUMP_TEMP_FILE": f"{tmp_path}/fr/rank_"}, str(tmp_path))
     assert not starts.is_run_line(desync, typed, {}, str(tmp_path))
+
+
+def test_an_added_report_file_is_still_the_run_line_and_nothing_else_added_is(records, tmp_path):
+    typed = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "{}"]
+    start("ddp_torchrun.py", [*typed, "--report", "x.json", "--epochs", "1"], tmp_path / "a")
+    start("ddp_torchrun.py", [*typed, "--out", "x.json"], tmp_path / "b")
+    start("ddp_torchrun.py", [*typed, "--report", "x.json", "--report", "y.json"], tmp_path / "c")
+    start("ddp_torchrun.py", [TORCHRUN[0], "-m", "torch.distributed.run", "--report", "x.json",
+                              "--standalone", "--nproc-per-node=2", "{}"], tmp_path / "d")
+    [problem] = ran.not_run_as_typed(records, ["ddp_torchrun.py"])
+    assert problem.startswith("ddp_torchrun.py: never ran as its Run: line types it (torchrun --standalone "
+                              "--nproc-per-node 2 ddp_torchrun.py); it ran as: ")
+    start("ddp_torchrun.py", [*typed, "--report", "x.json"], tmp_path / "e")
+    assert ran.not_run_as_typed(records, ["ddp_torchrun.py"]) == []
+    spawn = programs.path_of("ddp_spawn.py")
+    assert starts.is_run_line(spawn, ["python", "ddp_spawn.py", "--report=out/x.json"], {}, str(tmp_path))
+    for added in (["--report", "x.json", "--epochs", "1"], ["--epochs", "1", "--report", "x.json"],
+                  ["--report"], ["--out", "x.json"]):
+        assert not starts.is_run_line(spawn, ["python", "ddp_spawn.py", *added], {}, str(tmp_path)), added
+    assert starts.without_report(["python", "a.py", "--lr", "1", "--report", "r.json"], "a.py") == [
+        "python", "a.py", "--lr", "1"]
