@@ -18,8 +18,8 @@ A check that the comparison is the one it says: DiLoCo with H = 1, outer SGD lr 
 momentum, and an SGD inner optimizer, is DDP with SGD; the two runs' weights agree within
 1e-12 (float64; not bitwise: DiLoCo's pseudo-gradient is p - (p - lr g)).
 
-Run:
-  python diloco_digits.py --groups 2 --steps 400 --sync-every 5 20 --report diloco.json
+Run:  python diloco_digits.py --steps 400 --sync-every 1 5 20 --lr 3e-3   (2 groups, 400 steps)
+      python diloco_digits.py --report diloco.json   (the defaults: H = 5 and 20, AdamW lr 1e-3)
 The report (--report FILE, JSON): "checks" (name, ok), and per run ("ddp", "diloco_h<H>"):
 "curve" ([inner step, held-out loss] pairs), "loss" (the last), "bytes_per_inner_step",
 "seconds"; "diloco_loss_over_ddp_loss_h<H>"; "exact_gap" (the H = 1 check's largest

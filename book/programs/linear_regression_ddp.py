@@ -90,10 +90,11 @@ def worker(rank: int, world_size: int, args):
         ratio = [(d - w) / (o - w) for d, o, w in zip(ddp[1], one[1], ddp[0], strict=True)]
         print(f"first step, DDP / one process: {fmt(ratio, 6)} -> effective learning rate "
               f"{args.lr * ratio[0]:g} (lr {args.lr:g})")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"loss": args.loss, "lr": args.lr, "world_size": world_size,
+        if args.report:  # written whole: a temporary file, renamed
+            with open(f"{args.report}.tmp", "w") as f:
+                json.dump({"checks": [], "loss": args.loss, "lr": args.lr, "world_size": world_size,
                            "ddp": ddp, "one_process": one}, f)
+            os.replace(f"{args.report}.tmp", args.report)
     dist.destroy_process_group()
 
 
@@ -112,7 +113,7 @@ def parse_args():
     parser.add_argument("--lr", type=float, help="SGD step (default 0.1 for mean, 0.005 for sum)")
     parser.add_argument("--steps", type=int, default=100, help="SGD steps (default 100)")
     parser.add_argument("--world-size", type=int, default=2, help="processes (default 2)")
-    parser.add_argument("--out", help="rank 0 writes both trajectories here as JSON")
+    parser.add_argument("--report", help="rank 0 writes both trajectories here as JSON")
     args = parser.parse_args()
     if args.lr is not None and not 0 < args.lr < math.inf:
         parser.error(f"argument --lr: expected a value > 0, got {args.lr}")
@@ -122,9 +123,9 @@ def parse_args():
     if args.world_size < 1 or SAMPLES % args.world_size:
         parser.error(f"argument --world-size: expected a divisor of {SAMPLES} "
                      f"(the samples are shared equally), got {args.world_size}")
-    folder = os.path.dirname(os.path.abspath(args.out or "."))
-    if args.out and (os.path.isdir(args.out) or not os.access(folder, os.W_OK)):
-        parser.error(f"argument --out: cannot write a file at {args.out!r}")
+    folder = os.path.dirname(os.path.abspath(args.report or "."))
+    if args.report and (os.path.isdir(args.report) or not os.access(folder, os.W_OK)):
+        parser.error(f"argument --report: cannot write a file at {args.report!r}")
     return args
 
 

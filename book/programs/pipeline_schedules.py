@@ -26,7 +26,7 @@ count, every rank's numbers and spans, and with --time a "timed" summary: every 
 bubble, busy and idle seconds per rank and the others' time on its core, the median step, and the
 median seconds per chunk of each kind and stage) and "skipped".
 
-Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --schedule all
+Run:  torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --microbatches 3 4   (every schedule)
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --schedule ZBVZeroBubble
       torchrun --standalone --nproc-per-node=4 pipeline_schedules.py --dp 2 --schedule 1F1B DualPipeV
       torchrun --standalone --nproc-per-node=2 pipeline_schedules.py --pin-cores --time 5 \

@@ -22,7 +22,12 @@ reader's terminal and a test is normalised on both sides, and nothing else:
 * torchrun's ``--log-dir`` the runner adds (:meth:`torchrun.Agent.argv`, first among
   torchrun's options; torchrun takes the last one given) is left out: every ``--log-dir``
   but the last; a ``--log-dir`` given once is left out when it is outside the command's
-  folder (the runner's; the reader's own follows it and counts, as a path above).
+  folder (the runner's; the reader's own follows it and counts, as a path above);
+* one ``--report FILE`` among the program's options (after its path) is left out of a
+  recorded command whose Run: line has none. It is the package's channel to read the result
+  of exactly that run (:mod:`ddpguide.launch.report`: the program writes the file and
+  computes nothing else differently), so the run is still the one the line types. No other
+  added option is: ``--out FILE``, ``--epochs 1`` or ``--report`` twice make another command.
 """
 
 from __future__ import annotations

@@ -131,5 +131,17 @@ def is_run_line(program: Path, command: Sequence[str], env: Mapping[str, str], c
         return False
     wanted = dict(a.split("=", 1) for a in typed[0])
     word = next((w for w in command if Path(w).name == program.name), None)
-    return words(command, cwd, word) == typed[1] and all(
+    got = words(command, cwd, word)
+    return typed[1] in (got, without_report(got, program.name)) and all(
         normalised(env.get(k, ""), cwd) == v for k, v in wanted.items())
+
+
+def without_report(command: Sequence[str], program: str) -> list[str]:
+    """``command`` (normalised words) without the one ``--report FILE`` among the options
+    after ``program``, the package's channel (:mod:`ddpguide.launch.report`); unchanged
+    without exactly one."""
+    at = command.index(program) + 1 if program in command else len(command)
+    reports = [i for i in range(at, len(command) - 1) if command[i] == "--report"]
+    if len(reports) != 1 or command[at:].count("--report") != 1:
+        return list(command)
+    return [w for i, w in enumerate(command) if i not in (reports[0], reports[0] + 1)]

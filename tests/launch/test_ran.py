@@ -6,6 +6,7 @@ recorded), so that nothing heavier than ``true`` starts."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ddpguide.launch import programs, ran, ranks, starts
 from ddpguide.launch.programs import copy_program
 
 pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -116,3 +118,39 @@ def test_the_run_line_runs_typed_under_typed_once_whatever_ran_before(monkeypatc
     desync, typed = programs.path_of("debug/desync.py"), ["torchrun", "--standalone", "--nproc-per-node=2", "desync.py"]
     assert starts.is_run_line(desync, typed, {"TORCH_FR_DUMP_TEMP_FILE": f"{tmp_path}/fr/rank_"}, str(tmp_path))
     assert not starts.is_run_line(desync, typed, {}, str(tmp_path))
+
+
+def test_an_added_report_file_is_still_the_run_line_and_nothing_else_added_is(records, tmp_path):
+    typed = [*TORCHRUN, "--standalone", "--nproc-per-node=2", "{}"]
+    start("ddp_torchrun.py", [*typed, "--report", "x.json", "--epochs", "1"], tmp_path / "a")
+    start("ddp_torchrun.py", [*typed, "--out", "x.json"], tmp_path / "b")
+    start("ddp_torchrun.py", [*typed, "--report", "x.json", "--report", "y.json"], tmp_path / "c")
+    start("ddp_torchrun.py", [TORCHRUN[0], "-m", "torch.distributed.run", "--report", "x.json",
+                              "--standalone", "--nproc-per-node=2", "{}"], tmp_path / "d")
+    [problem] = ran.not_run_as_typed(records, ["ddp_torchrun.py"])
+    assert problem.startswith("ddp_torchrun.py: never ran as its Run: line types it (torchrun --standalone "
+                              "--nproc-per-node 2 ddp_torchrun.py); it ran as: ")
+    start("ddp_torchrun.py", [*typed, "--report", "x.json"], tmp_path / "e")
+    assert ran.not_run_as_typed(records, ["ddp_torchrun.py"]) == []
+    spawn = programs.path_of("ddp_spawn.py")
+    assert starts.is_run_line(spawn, ["python", "ddp_spawn.py", "--report=out/x.json"], {}, str(tmp_path))
+    for added in (["--report", "x.json", "--epochs", "1"], ["--epochs", "1", "--report", "x.json"],
+                  ["--report"], ["--out", "x.json"]):
+        assert not starts.is_run_line(spawn, ["python", "ddp_spawn.py", *added], {}, str(tmp_path)), added
+    assert starts.without_report(["python", "a.py", "--lr", "1", "--report", "r.json"], "a.py") == [
+        "python", "a.py", "--lr", "1"]
+
+
+def test_make_test_ends_with_the_check_which_fails_on_a_program_that_never_ran_as_typed(records, tmp_path):
+    make = ["make", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}"]
+    planned = subprocess.run([*make, "-n", "test"], capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.splitlines()[-1] == f"{tmp_path / 'venv'}/bin/python -m ddpguide.launch.ran {ROOT}/_build/ran"
+    # the planted failure: ring_allreduce.py ran, but only with another option than its Run: line's
+    start("ring_allreduce.py", [sys.executable, "{}", "--world-size", "4", "--report", "r.json"], tmp_path / "f")
+    check = subprocess.run([*make, f"PY={sys.executable}", f"RAN={records}", "ran-check"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 2  # make's own status when a step fails: `make test` fails
+    assert ("ring_allreduce.py: never ran as its Run: line types it (python ring_allreduce.py); it ran as: "
+            "python ring_allreduce.py --world-size 4 --report r.json") in check.stderr.splitlines()
+    assert "1 program starts recorded; " in check.stderr

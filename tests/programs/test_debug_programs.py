@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,8 @@ def runs(tmp_path_factory):
         agent("skip", "skipped_collective.py"),
         agent("skip detail", "skipped_collective.py", env=DETAIL),
         agent("missing", "missing_rank.py"),
-        agent("desync", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr/rank_"}),
+        replace(agent("desync", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr/rank_"}),
+                cwd=str(folder)),  # its Run: line, typed in folder ($PWD/fr/rank_)
         agent("desync fr2", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr2/rank_",
                                               "TORCH_FR_BUFFER_SIZE": "2"}),
         agent("desync fr0", "desync.py", env={"TORCH_FR_DUMP_TEMP_FILE": f"{folder}/fr0/rank_",

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
+from ddpguide.launch import report
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, load_program, run
 
 
@@ -24,10 +23,10 @@ def one_process_first_step(program, loss: str, lr: float) -> torch.Tensor:
 @pytest.mark.parametrize("loss, factor", [("mean", 1.0), ("sum", 0.5)])
 def test_ddp_reaches_2_3_and_its_first_step_is_the_predicted_fraction(tmp_path, loss, factor):
     path = copy_program("linear_regression_ddp.py", tmp_path)
-    command = [PYTHON, "linear_regression_ddp.py", "--out", "out.json"]
+    command = [PYTHON, "linear_regression_ddp.py", "--report", "report.json"]  # mean: its Run: line
     result = check_ok(run(command + (["--loss", "sum"] if loss == "sum" else []), tmp_path,
                           timeout=120))
-    out = json.loads((tmp_path / "out.json").read_text())
+    out = report.read(tmp_path / "report.json")
     assert out["world_size"] == 2 and out["loss"] == loss
     torch.testing.assert_close(torch.tensor(out["ddp"][-1]), torch.tensor([2.0, 3.0]),
                                rtol=0, atol=1e-2)

@@ -70,12 +70,12 @@ def test_fsdp_tp_2d_program():
 
 @pytest.mark.timeout(500)
 def test_dcp_program_saves_with_2_and_loads_with_3(tmp_path):
-    checkpoint = tmp_path / "ckpt"
-    saved = run_program("dcp_reshard.py", 2, ["--dir", str(checkpoint)], timeout=240, workdir=tmp_path)
+    checkpoint = tmp_path / "dcp_checkpoint"  # its default --dir: the two lines of its Run:, as typed
+    saved = run_program("dcp_reshard.py", 2, [], timeout=240, workdir=tmp_path)
     assert saved.returncode == 0, saved.text()
     assert sorted(p.name for p in checkpoint.iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp", "full_state.pt"]
-    loaded = run_program("dcp_reshard.py", 3, ["--dir", str(checkpoint), "--load"], timeout=240,
+    loaded = run_program("dcp_reshard.py", 3, ["--load"], timeout=240,
                          workdir=tmp_path)
     assert loaded.returncode == 0, loaded.text()
     assert saved.report["checks"] == [] and not saved.report["loaded"]

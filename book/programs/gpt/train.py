@@ -1,7 +1,7 @@
 """Train the GPT of model.py on any layout of pipeline, data, context, expert and tensor
 parallelism; save a checkpoint any layout can resume from.
 
-Run:  python train.py                                       (one process)
+Run:  python train.py --steps 20 --log-every 5 --out one    (one process; its losses in one/)
       torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --tp 2
       torchrun --standalone --nproc-per-node 8 train.py --pp 2 --dp-shard 2 --tp 2
       torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --ep 2 --experts 4
