@@ -115,6 +115,44 @@ def tolerant_ddp(manager, model, torchft_hook=False):
     return (DistributedDataParallel if torchft_hook else TolerantDDP)(manager, model)
 
 
+def quorum_named_gloo(timeout):
+    """torchft's ProcessGroupGloo, meeting under a name no earlier quorum has used.
+
+    The Manager builds each quorum's gloo group in the store of the quorum's first group
+    (torchrun's agent's store, which lives as long as that group's torchrun) under the prefix
+    torchft/<quorum id>/<group rank>. The lighthouse numbers its quorums from 1, and a
+    lighthouse that is started again numbers them from 1 again: its quorum 1 meets under the
+    prefix the old lighthouse's quorum 1 used, where that quorum's addresses are still
+    stored. A rank that reads a peer's key before the peer has written it again gets the old
+    address and fails to connect; the step fails, the next quorum gets the next number, which
+    the old lighthouse used too, and so on until the numbers pass the old ones. Here the name
+    holds the quorum's step too. Every member gets the same step with its quorum (the step
+    the healers heal to), and torchft logs it on the "torchft_quorums" logger just before it
+    reconfigures; steps only grow, so a quorum of a later lighthouse never meets under an
+    earlier one's name unless no step was committed in between."""
+    import logging
+
+    from torchft import ProcessGroupGloo
+
+    class QuorumStep(logging.Handler):
+        step = 0
+
+        def emit(self, record):
+            self.step = getattr(record, "step", self.step)
+
+    seen = QuorumStep()
+    quorums = logging.getLogger("torchft_quorums")
+    quorums.setLevel(logging.INFO)
+    quorums.propagate = False
+    quorums.addHandler(seen)
+
+    class QuorumNamedGloo(ProcessGroupGloo):
+        def configure(self, store_addr, *args, **kwargs):
+            super().configure(f"{store_addr}/step{seen.step}", *args, **kwargs)
+
+    return QuorumNamedGloo(timeout=timeout)
+
+
 def shard_in_group(model):
     """FT-HSDP, inside the group: FSDP2 over the group's ranks, each Linear and the root a unit."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -209,7 +247,7 @@ def train(args):
     """One rank of one replica group: train until the Manager's step reaches --steps."""
     import warnings
 
-    from torchft import Manager, ProcessGroupGloo
+    from torchft import Manager
     warnings.filterwarnings("ignore", message=".*(find_unused_parameters|not writable|"
                             "assuming the intent is to save in a single process)")
     timeout = timedelta(seconds=args.timeout)
@@ -238,7 +276,7 @@ def train(args):
         write("healed", step=manager.current_step(), weights=digest(model))
 
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
+        pg=quorum_named_gloo(timeout), min_replica_size=1,
         load_state_dict=load_state_dict, state_dict=state_dict,
         use_async_quorum=False, init_sync=False, replica_id=f"group{args.group}",
         timeout=timeout, quorum_timeout=timedelta(seconds=args.quorum_timeout),
