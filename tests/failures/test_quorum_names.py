@@ -52,7 +52,9 @@ def _quorum(pgs, addr: str, step: int, late_s: float = 0.0) -> dict[int, str]:
 def test_a_later_lighthouses_quorum_does_not_read_the_old_quorums_addresses(named):
     from torchft import ProcessGroupGloo
 
-    make = programs.load(engine.PROGRAM).quorum_named_gloo if named else (
+    program = programs.load(engine.PROGRAM)
+    seen = program.QuorumLog()     # what torchft logs of each new quorum, the step with it
+    make = (lambda timeout: program.quorum_named_gloo(timeout, seen)) if named else (
         lambda timeout: ProcessGroupGloo(timeout=timeout))
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
