@@ -315,13 +315,13 @@ def train_ddp(args, manager, model, inner, write, size, sent):
         forward = tolerant_ddp(manager, model, args.torchft_hook)
     optimizer = Optimizer(manager, inner)
     first = True
-    while manager.current_step() < args.steps:
+    while manager.current_step() < last_step(args):
         optimizer.zero_grad()                    # waits for the quorum (and heals)
         if first:
             wait_for_a_peer(args, manager)
             first = False
         step = manager.current_step()
-        if step >= args.steps:                   # healed to the end: nothing left to do
+        if step >= last_step(args):              # healed to the end: nothing left to do
             break
         write("contributed", step=step, participants=manager.num_participants())
         x, y = batch(args.seed, step, args.group * size + args.rank)
@@ -387,6 +387,18 @@ def train_plain_ddp(args):
                 time.sleep(args.step_seconds)
     finally:
         dist.destroy_process_group()
+
+
+def last_step(args):
+    """--steps, or the step written in --stop-file once it exists (the smaller): a way to end
+    the run early from outside. Every group reads it before each step, so all end at the same
+    step when it is written (whole: a temporary file, then a rename) at least two steps past
+    the furthest group."""
+    try:
+        with open(args.stop_file) as f:
+            return min(args.steps, int(f.read()))
+    except (OSError, TypeError, ValueError):
+        return args.steps
 
 
 def write_final(write, manager, model):
@@ -531,6 +543,8 @@ def main(argv=None):
     parser.add_argument("--linger", type=float, default=60.0,
                         help="seconds to wait at the end for every group to be back, and for "
                         "a live peer when restarted (default 60)")
+    parser.add_argument("--stop-file", default=None, metavar="FILE",
+                        help="once FILE exists, the run ends at the step it holds (DDP only)")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
     parser.add_argument("--plain-ddp", action="store_true",

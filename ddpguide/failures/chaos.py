@@ -80,6 +80,14 @@ class Chaos:
             self.inject(kind, until_s)
         return self.log
 
+    def end_soon(self, until_s: float, margin: int) -> None:
+        """Once every group is back (or at ``until_s``), end the run ``margin`` steps past the
+        furthest group, so that it lasts as long as its failures need and no longer."""
+        while not self._healthy() and time.monotonic() < until_s and self.job.running():
+            time.sleep(0.05)
+        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
+
     def inject(self, kind: str, until_s: float) -> None:
         groups = self.job.settings.groups
         if kind == "lighthouse":
