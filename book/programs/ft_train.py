@@ -33,8 +33,9 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   healed       after loading a peer's state: step, weights digest;
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
   final        the last step's full parameters.
-A group that has done the last step keeps joining quorums until two have held every group,
-so that a group that comes back late finds a peer to heal from, still there while it heals;
+A group that has done the last step keeps joining quorums until the same quorum of every
+group has formed twice in a row, so that a group that comes back late finds a peer to heal
+from, still there while it heals;
 a restarted group that finds none within --linger seconds exits with status 1 rather than
 train from step 0 alone.
 
@@ -113,6 +114,49 @@ def tolerant_ddp(manager, model, torchft_hook=False):
             return failed
 
     return (DistributedDataParallel if torchft_hook else TolerantDDP)(manager, model)
+
+
+class QuorumLog:
+    """What torchft logs on its "torchft_quorums" logger each time the quorum changes (a new
+    quorum id), just before the Manager reconfigures its process group: the quorum's step
+    (the step every member gets with it, the one the healers heal to) and how many changes."""
+
+    def __init__(self):
+        import logging
+
+        class Seen(logging.Handler):
+            def emit(handler, record):
+                self.step = getattr(record, "step", self.step)
+                self.changes += 1
+
+        self.step, self.changes = 0, 0
+        quorums = logging.getLogger("torchft_quorums")
+        quorums.setLevel(logging.INFO)
+        quorums.propagate = False
+        quorums.addHandler(Seen())
+
+
+def quorum_named_gloo(timeout, seen):
+    """torchft's ProcessGroupGloo, meeting under a name no earlier quorum has used.
+
+    The Manager builds each quorum's gloo group in the store of the quorum's first group
+    (torchrun's agent's store, which lives as long as that group's torchrun) under the prefix
+    torchft/<quorum id>/<group rank>. The lighthouse numbers its quorums from 1, and a
+    lighthouse that is started again numbers them from 1 again: its quorum 1 meets under the
+    prefix the old lighthouse's quorum 1 used, where that quorum's addresses are still
+    stored. A rank that reads a peer's key before the peer has written it again gets the old
+    address and fails to connect; the step fails, the next quorum gets the next number, which
+    the old lighthouse used too, and so on until the numbers pass the old ones. Here the name
+    holds the quorum's step too (``seen``, a QuorumLog): steps only grow, so a quorum of a
+    later lighthouse never meets under an earlier one's name unless no step was committed in
+    between."""
+    from torchft import ProcessGroupGloo
+
+    class QuorumNamedGloo(ProcessGroupGloo):
+        def configure(self, store_addr, *args, **kwargs):
+            super().configure(f"{store_addr}/step{seen.step}", *args, **kwargs)
+
+    return QuorumNamedGloo(timeout=timeout)
 
 
 def shard_in_group(model):
@@ -209,7 +253,7 @@ def train(args):
     """One rank of one replica group: train until the Manager's step reaches --steps."""
     import warnings
 
-    from torchft import Manager, ProcessGroupGloo
+    from torchft import Manager
     warnings.filterwarnings("ignore", message=".*(find_unused_parameters|not writable|"
                             "assuming the intent is to save in a single process)")
     timeout = timedelta(seconds=args.timeout)
@@ -237,8 +281,9 @@ def train(args):
         inner.load_state_dict(sd["optim"])
         write("healed", step=manager.current_step(), weights=digest(model))
 
+    seen = QuorumLog()
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
+        pg=quorum_named_gloo(timeout, seen), min_replica_size=1,
         load_state_dict=load_state_dict, state_dict=state_dict,
         use_async_quorum=False, init_sync=False, replica_id=f"group{args.group}",
         timeout=timeout, quorum_timeout=timedelta(seconds=args.quorum_timeout),
@@ -251,7 +296,7 @@ def train(args):
             train_diloco(args, manager, model, inner, write, sent)
         else:
             train_ddp(args, manager, model, inner, write, size, sent)
-        stay_until_every_group_is_back(args, manager)
+        stay_until_every_group_is_back(args, manager, seen)
     finally:
         out.close()
         manager.shutdown(wait=False)
@@ -270,13 +315,13 @@ def train_ddp(args, manager, model, inner, write, size, sent):
         forward = tolerant_ddp(manager, model, args.torchft_hook)
     optimizer = Optimizer(manager, inner)
     first = True
-    while manager.current_step() < args.steps:
+    while manager.current_step() < last_step(args):
         optimizer.zero_grad()                    # waits for the quorum (and heals)
         if first:
             wait_for_a_peer(args, manager)
             first = False
         step = manager.current_step()
-        if step >= args.steps:                   # healed to the end: nothing left to do
+        if step >= last_step(args):              # healed to the end: nothing left to do
             break
         write("contributed", step=step, participants=manager.num_participants())
         x, y = batch(args.seed, step, args.group * size + args.rank)
@@ -344,6 +389,18 @@ def train_plain_ddp(args):
         dist.destroy_process_group()
 
 
+def last_step(args):
+    """--steps, or the step written in --stop-file once it exists (the smaller): a way to end
+    the run early from outside. Every group reads it before each step, so all end at the same
+    step when it is written (whole: a temporary file, then a rename) at least two steps past
+    the furthest group."""
+    try:
+        with open(args.stop_file) as f:
+            return min(args.steps, int(f.read()))
+    except (OSError, TypeError, ValueError):
+        return args.steps
+
+
 def write_final(write, manager, model):
     """The full parameters (FSDP2 gathers them inside the group) when the last step is done."""
     full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
@@ -368,21 +425,26 @@ def wait_for_a_peer(args, manager):
         manager.start_quorum()
 
 
-def stay_until_every_group_is_back(args, manager):
-    """Keep joining quorums, taking no step, until a second quorum holds every group (or
-    --linger seconds pass): a group restarted near the end still finds a peer to heal from.
-    One quorum of every group is not enough: a group that heals in it fetches the state from
-    this group's ranks after the quorum returns, and they must still be serving it. The next
-    quorum of every group forms only when each rank of each group has asked for it (torchft's
-    Manager server waits for all of them), that is, when every heal of the last one is done.
-    The quorum this group last trained in counts. Every rank of a group sees the same
-    quorums, so the group's ranks leave together."""
+def stay_until_every_group_is_back(args, manager, seen):
+    """Keep joining quorums, taking no step, until two quorums in a row hold every group and
+    the second is the same quorum as the first (torchft logged no change between them), or
+    --linger seconds pass: a group restarted near the end still finds a peer to heal from.
+    A group that heals in a quorum fetches the state from its donor's ranks after the quorum
+    returns, and asks for the next quorum only once it has healed; torchft's Manager server
+    forms a group's quorum only when each of its ranks has asked. So the next quorum of the
+    same members means that every heal of the last one is done; a quorum of every group that
+    is not the same one (a group started again in between, with a new Manager) may hold a
+    group that heals in it, and must be followed by one more. The quorum this group last
+    trained in counts. Every rank of a group sees the same quorums: they leave together."""
     until = time.monotonic() + args.linger
-    seen = int(manager.num_participants() == args.groups)
-    while seen < 2 and time.monotonic() < until:
+    full, changes = manager.num_participants() == args.groups, seen.changes
+    while time.monotonic() < until:
         time.sleep(args.step_seconds)
         manager.start_quorum()
-        seen += manager.num_participants() == args.groups
+        was_full, full = full, manager.num_participants() == args.groups
+        if was_full and full and seen.changes == changes:
+            return
+        changes = seen.changes
 
 
 def lighthouse_reachable(addr, seconds=2.0):
@@ -481,6 +543,8 @@ def main(argv=None):
     parser.add_argument("--linger", type=float, default=60.0,
                         help="seconds to wait at the end for every group to be back, and for "
                         "a live peer when restarted (default 60)")
+    parser.add_argument("--stop-file", default=None, metavar="FILE",
+                        help="once FILE exists, the run ends at the step it holds (DDP only)")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
     parser.add_argument("--plain-ddp", action="store_true",

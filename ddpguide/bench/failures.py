@@ -36,21 +36,23 @@ than ordinary steps would, i.e. how much later than r its next quorum forms.
   it, after t_f, before its next commit): it waits out T, sleeps s, and the next quorum
   forms at once: ``T + s + k / 2``.
 - rejoin (the failure's SIGKILL or SIGTERM to the new incarnation's ``healed`` row): torchrun
-  notices (m / 2 on average), starts a new interpreter that imports torch, torch.distributed
-  and torchft (P, timed in this run in a process of its own, not in the job), the survivor
-  asks for a quorum within a step ((s + k) / 2 on average), and the heal moves the state's
-  bytes B over loopback at the bandwidth W (a 64 MB transfer over a loopback TCP socket, timed
-  here): ``m / 2 + P + (s + k) / 2 + B / W``. The rendezvous of a group of one rank is
-  torchrun's own store, a few milliseconds, and is not in the sum.
+  notices (m / 2 on average), starts a new interpreter that runs ``ft_train.py`` up to its
+  built Manager (its imports, its checks of the options, the lighthouse's probe, the Manager
+  with its server and store client: P), the survivor asks for a quorum within a step
+  ((s + k) / 2 on average), and the heal moves the state's bytes B over loopback at the
+  bandwidth W (a 64 MB transfer over a loopback TCP socket, timed here):
+  ``m / 2 + P + (s + k) / 2 + B / W``. P is timed beside each failure, in the same run and
+  under its load: just before the failure is injected, a separate start of the same program
+  (``runs.StartProbe``: a restarted group's rank, against a lighthouse of its own) is timed
+  from its exec to its ``started`` row; never on the rejoin it predicts. For a hang, the probe
+  runs before the SIGSTOP, the collective's timeout + 1 s before the SIGKILL. The rendezvous of
+  a group of one rank is torchrun's own store, a few milliseconds, and is not in the sum.
 """
 
 from __future__ import annotations
 
 import signal
 import socket
-import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -122,17 +124,6 @@ def last_weights(report: dict) -> str:
                key=lambda r: r["step"])["weights"]
 
 
-def process_start_s(tries: int = 2) -> float:
-    """P: a fresh interpreter importing what ``ft_train.py`` imports before its Manager."""
-    times = []
-    for _ in range(tries):
-        start = time.monotonic()
-        subprocess.run([sys.executable, "-c", "import torch, torch.distributed, torchft"],
-                       check=True, timeout=120)
-        times.append(time.monotonic() - start)
-    return statistics.median(times)
-
-
 def loopback_bytes_per_s(megabytes: int = 64) -> float:
     """W: bytes per second through one TCP connection on 127.0.0.1."""
     chunk = bytes(1 << 20)
@@ -183,12 +174,11 @@ def rejoin_measured_s(report: dict, failure: dict) -> float | None:
     return min(healed) - failure["time"] if healed else None
 
 
-def recovery(report: Report, chaos_run: dict, settings, start_s: float, bandwidth: float) -> None:
-    """The stall and rejoin ratios of each kind, from the run of the three failures in turn."""
+def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> None:
+    """The stall and rejoin ratios of each kind, from the run of the three failures in turn;
+    each rejoin predicted with the P timed just before its failure (its ``start_s``)."""
     from ddpguide.failures import runs
 
-    rejoin_pred = rejoin_predicted_s(settings, start_s, bandwidth)
-    report.add("process start P", start_s, "s")
     report.add("loopback W", bandwidth / 1e6, "MB/s", heal_bytes=runs.heal_bytes(settings))
     stalled = {"SIGTERM (term)": "term", "SIGKILL (kill)": "kill", "SIGSTOP": "hang"}
     for failure in chaos_run["failures"]:
@@ -203,7 +193,10 @@ def recovery(report: Report, chaos_run: dict, settings, start_s: float, bandwidt
         if ended is not None and f"rejoin_measured_over_predicted_{ended}" not in report.ratios:
             measured = rejoin_measured_s(chaos_run, failure)
             if measured is not None and not (ended == "hang" and failure["what"] == "SIGSTOP"):
-                report.add(f"rejoin {ended}", measured, "s", predicted_s=rejoin_pred)
+                rejoin_pred = rejoin_predicted_s(settings, failure["start_s"], bandwidth)
+                report.add(f"process start P {ended}", failure["start_s"], "s")
+                report.add(f"rejoin {ended}", measured, "s", predicted_s=rejoin_pred,
+                           start_s=failure["start_s"])
                 report.ratios[f"rejoin_measured_over_predicted_{ended}"] = measured / rejoin_pred
 
 
@@ -231,25 +224,21 @@ def run(quick: bool = False) -> Report:
         report.ratios["ft_step_over_ddp_step"] = ft_step / ddp_step
         progress.advance("ft step over ddp step", [("ratio", ft_step / ddp_step, "")])
 
-        start_s, bandwidth = process_start_s(), loopback_bytes_per_s()
+        bandwidth = loopback_bytes_per_s()
         kinds = ("kill",) if quick else tuple(KINDS)
         step_s, gap_s = 0.05, (0.2, 0.5)
-        # as many steps as the failures need, one after the other: each waits for the victim's
-        # rejoin (predicted), a heartbeat and a gap; a hang also holds the collective's timeout
-        base = engine.Settings(step_seconds=step_s)
-        need_s = (len(kinds) * (rejoin_predicted_s(base, start_s, bandwidth)
-                                + base.heartbeat_timeout_ms / 1000 + gap_s[1])
-                  + base.timeout_s + 1.0)
-        settings = engine.Settings(steps=int(1.3 * need_s / step_s) + 10, step_seconds=step_s,
-                                   deadline_s=300.0)
-        chaos_run = runs.run_ft(Path(tmp, "chaos"), failures=len(kinds), seed=1, kinds=kinds,
-                                in_order=True, hang_ends=(signal.SIGKILL,), gap_s=gap_s,
-                                steps=settings.steps, step_seconds=step_s,
-                                deadline_s=settings.deadline_s)
+        with runs.StartProbe(Path(tmp, "probe")) as probe:
+            # the run ends once its failures are done and every group is back (run.run): the
+            # steps only bound it
+            settings = engine.Settings(steps=4000, step_seconds=step_s, deadline_s=300.0)
+            chaos_run = runs.run_ft(Path(tmp, "chaos"), failures=len(kinds), seed=1,
+                                    kinds=kinds, in_order=True, hang_ends=(signal.SIGKILL,),
+                                    gap_s=gap_s, before=probe, steps=settings.steps,
+                                    step_seconds=step_s, deadline_s=settings.deadline_s)
         report.add("chaos run", chaos_run["seconds"], "s", failures=[
             f["what"] for f in chaos_run["failures"]], failed_checks=[
             c["name"] for c in chaos_run["checks"] if not c["ok"]])
-        recovery(report, chaos_run, settings, start_s, bandwidth)
+        recovery(report, chaos_run, settings, bandwidth)
         ft = next((m.value for m in report.measurements if m.name == "stall kill"), None)
         if ft is None:
             raise RuntimeError(f"the chaos run measured no kill: {chaos_run['failures']}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Callable
 
 from ddpguide.core.processes import signal_all
 from ddpguide.failures import engine
@@ -27,9 +28,12 @@ class Chaos:
 
     def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
                  gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False,
-                 hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT)):
+                 hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
+                 before: Callable[[str], dict] | None = None):
         self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
         self.hang_ends = hang_ends     # what ends a hang: drawn from these
+        self.before = before           # called with the kind just before each failure: its
+        self._extra: dict = {}         # keys go into that failure's log entries
         self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
         self.log: list[dict] = []
 
@@ -46,7 +50,8 @@ class Chaos:
         return None
 
     def _note(self, what: str, groups: list[int], pids: list[int], **more: object) -> None:
-        self.log.append({"what": what, "groups": groups, "pids": pids, "time": time.time(), **more})
+        self.log.append({"what": what, "groups": groups, "pids": pids, "time": time.time(),
+                         **self._extra, **more})
 
     def _healthy(self) -> bool:
         """Every group has committed a step since the last failure (it is back and working)."""
@@ -71,8 +76,17 @@ class Chaos:
             if self._near_the_end(margin) or time.monotonic() > until_s:
                 break
             kind = self.kinds[i % len(self.kinds)] if self.in_order else self.rng.choice(self.kinds)
+            self._extra = self.before(kind) if self.before else {}
             self.inject(kind, until_s)
         return self.log
+
+    def end_soon(self, until_s: float, margin: int) -> None:
+        """Once every group is back (or at ``until_s``), end the run ``margin`` steps past the
+        furthest group, so that it lasts as long as its failures need and no longer."""
+        while not self._healthy() and time.monotonic() < until_s and self.job.running():
+            time.sleep(0.05)
+        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
 
     def inject(self, kind: str, until_s: float) -> None:
         groups = self.job.settings.groups

@@ -24,6 +24,7 @@ from ddpguide.launch import programs
 from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
 
 PROGRAM = "ft_train.py"
+STOP = "stop"   # the file a run's last step is written to, when it ends before --steps
 EVENTS = ("started", "contributed", "step", "healed", "checkpoint", "final", "inner")
 
 
@@ -83,7 +84,8 @@ def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path) -> 
             "--timeout", str(settings.timeout_s),
             # a survivor that has finished waits for the restarted groups as long as the run may
             # take: one that left early would leave a late group no peer to heal from
-            "--linger", str(settings.deadline_s), *settings.extra]
+            "--linger", str(settings.deadline_s), "--stop-file", str(folder / STOP),
+            *settings.extra]
 
 
 def group_env(group: int, groups: int, lighthouse: str) -> dict[str, str]:
@@ -190,10 +192,24 @@ def read_rows(folder: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["time"])
 
 
-def assemble(settings: Settings, rows: list[dict], **more: object) -> dict:
-    """The report's body (before its checks): the settings and the rows by event."""
+def stop_at(folder: Path, step: int) -> None:
+    """End the run at ``step`` (the program's --stop-file): written whole, then renamed."""
+    (folder / (STOP + ".tmp")).write_text(str(step))
+    os.replace(folder / (STOP + ".tmp"), folder / STOP)
+
+
+def last_step(settings: Settings, folder: Path) -> int:
+    """The step the run ends at: --steps, or the one written by ``stop_at``."""
+    stop = folder / STOP
+    return min(settings.steps, int(stop.read_text())) if stop.exists() else settings.steps
+
+
+def assemble(settings: Settings, rows: list[dict], steps: int | None = None,
+             **more: object) -> dict:
+    """The report's body (before its checks): the settings (``steps``: where the run ended,
+    when not --steps) and the rows by event."""
     report: dict = {"groups": settings.groups, "group_size": settings.group_size,
-                    "steps": settings.steps, "seed": settings.seed, "lr": settings.lr,
+                    "steps": settings.steps if steps is None else steps, "seed": settings.seed, "lr": settings.lr,
                     "hidden": settings.hidden, **more}
     for event in EVENTS:
         report[event] = [r for r in rows if r["event"] == event]

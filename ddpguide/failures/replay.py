@@ -41,6 +41,39 @@ def ring_sum(flats: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def _shard(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    """FSDP2's shard ``rank`` of ``t``: rows [rank c, (rank + 1) c), c = ceil(rows / size),
+    padded with zero rows to c."""
+    rows = -(-t.shape[0] // size)
+    part = t[rank * rows:(rank + 1) * rows]
+    return torch.cat([part, part.new_zeros((rows - part.shape[0], *t.shape[1:]))])
+
+
+def sharded_ring_mean(model: torch.nn.Module, group_grads: list[list[torch.Tensor]],
+                      size: int) -> list[torch.Tensor]:
+    """FT-HSDP across 3 or more groups: FSDP2 hands the hook, for each of its units (here each
+    child module with parameters), this rank's reduce-scattered shards of the unit's
+    parameters, padded and flattened into one tensor; gloo's ring sums it over the groups
+    (``ring_sum``), then the Manager divides by the participants. The full gradients, per
+    parameter, put together from the ranks' shards."""
+    params = list(model.parameters())
+    index = {id(p): i for i, p in enumerate(params)}
+    out: list[torch.Tensor] = [torch.empty(0)] * len(params)
+    for unit in (m for m in model.children() if any(True for _ in m.parameters())):
+        members = [index[id(p)] for p in unit.parameters()]
+        shards: dict[int, list[torch.Tensor]] = {i: [] for i in members}
+        for rank in range(size):
+            flats = [torch.cat([_shard(grads[i], rank, size).flatten() for i in members])
+                     for grads in group_grads]
+            mean = ring_sum(flats) / len(group_grads)
+            rows = [_shard(params[i], rank, size) for i in members]
+            for i, piece in zip(members, mean.split([r.numel() for r in rows])):
+                shards[i].append(piece.view_as(_shard(params[i], rank, size)))
+        for i in members:
+            out[i] = torch.cat(shards[i])[:params[i].shape[0]].clone()
+    return out
+
+
 def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
     """One process, the program's model and batches; the weights after 0, 1, ... steps.
 
@@ -50,14 +83,15 @@ def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
     torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); across groups, torchft's
     Manager.allreduce sums (ReduceOp.AVG becomes SUM) and divides by the participants; with
     one rank a group, the sum is gloo's over DDP's one bucket (the parameters in order,
-    flattened), added in the ring's order (``ring_sum``). Then one SGD step."""
+    flattened), added in the ring's order (``ring_sum``); with two, FSDP2's flat shards in the
+    ring's order (``sharded_ring_mean``). Then one SGD step."""
     size = report.get("group_size", 1)
     model = program.make_model(report["seed"], report.get("hidden", program.DIMS[1]))
     optimizer = torch.optim.SGD(model.parameters(), lr=report["lr"])
     weights = [[p.detach().clone() for p in model.parameters()]]
     for step, groups in contributors(report).items():
         total = [torch.zeros_like(p) for p in model.parameters()]
-        grads = []
+        grads, group_grads = [], []
         for g in groups:
             group = [torch.zeros_like(p) for p in model.parameters()]
             for rank in range(size):
@@ -69,11 +103,15 @@ def replay_steps(report: dict, program: ModuleType) -> list[list[torch.Tensor]]:
             for t, h in zip(total, group):
                 t += h
             grads.append(torch.cat([h.flatten() for h in group]))
-        if size == 1 and len(groups) > 2:   # the order of the sum shows in the last bit
+            group_grads.append(group)
+        if len(groups) > 2 and size == 1:   # the order of the sum shows in the last bit
             flat = ring_sum(grads) / len(groups)
             sizes = [p.numel() for p in model.parameters()]
             for t, p in zip(flat.split(sizes), model.parameters()):
                 p.grad = t.view_as(p).clone()
+        elif len(groups) > 2:
+            for p, t in zip(model.parameters(), sharded_ring_mean(model, group_grads, size)):
+                p.grad = t
         else:
             for t, p in zip(total, model.parameters()):
                 p.grad = t / len(groups)

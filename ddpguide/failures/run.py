@@ -32,23 +32,29 @@ def stall_bound_s(settings: engine.Settings) -> float:
 def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
         kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False,
         hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
-        gap_s: tuple[float, float] = (1.0, 3.0)) -> dict:
+        gap_s: tuple[float, float] = (1.0, 3.0), before=None) -> dict:
     """Run, inject ``failures`` failures drawn from ``seed`` (of ``kinds`` in turn when
     ``in_order``; a hang ended by one of ``hang_ends``; each a random ``gap_s`` after every
-    group is back), check; the report as read back."""
+    group is back, and after ``before(kind)``, whose keys go into the failure's entries; once
+    they are done and every group is back, the run ends ``margin`` steps later, before
+    --steps), check; the report as read back."""
     folder = Path(folder)
     start = time.time()
     until = time.monotonic() + settings.deadline_s
     job = engine.Job(settings, folder)
     try:
         job.start()
-        log = chaos.Chaos(job, seed, kinds, gap_s, in_order, hang_ends).run(
-            failures, until, margin) if failures else []
+        log: list[dict] = []
+        if failures:
+            trouble = chaos.Chaos(job, seed, kinds, gap_s, in_order, hang_ends, before)
+            log = trouble.run(failures, until, margin)
+            trouble.end_soon(until, margin)
         finished = job.wait(until)
     finally:
         left = job.stop()
     rows = engine.read_rows(folder)
-    report = engine.assemble(settings, rows, start=start, seconds=time.time() - start,
+    report = engine.assemble(settings, rows, engine.last_step(settings, folder), start=start,
+                             seconds=time.time() - start,
                              commands=job.commands, finished=finished,
                              exit_codes=job.ranks.returncodes()[1:len(job.agents) + 1],
                              failures=chaos.landed(log, rows), left_running=left)

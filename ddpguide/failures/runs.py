@@ -9,12 +9,17 @@ torchrun stops the other worker, starts both again, and they reload the checkpoi
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
+
+import torch.distributed as dist
 
 from ddpguide.core.processes import descendants, signal_all
 from ddpguide.launch import programs
@@ -26,14 +31,80 @@ PROGRAM = "ft_train.py"
 def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
            kinds: tuple[str, ...] = ("kill",), in_order: bool = False,
            hang_ends: tuple[int, ...] = (signal.SIGKILL, signal.SIGCONT),
-           gap_s: tuple[float, float] = (1.0, 3.0), **settings: object) -> dict:
+           gap_s: tuple[float, float] = (1.0, 3.0), before=None, **settings: object) -> dict:
     """``ft_train.py`` under the engine (lighthouse + one torchrun per group) in ``folder``,
-    with ``failures`` failures of ``kinds`` from ``seed``; the checked report."""
+    with ``failures`` failures of ``kinds`` from ``seed`` (``before``: see ``run.run``); the
+    checked report."""
     from ddpguide.failures import engine, run
 
     return run.run(engine.Settings(**settings), folder, failures, seed, kinds,  # type: ignore[arg-type]
                    in_order=in_order, hang_ends=tuple(signal.Signals(s) for s in hang_ends),
-                   gap_s=gap_s)
+                   gap_s=gap_s, before=before)
+
+
+class StartProbe:
+    """P timed beside the run: a separate start of ``ft_train.py`` as a restarted group's rank
+    (incarnation 1, a group of one, its own store), against a lighthouse of its own, from the
+    exec to its built Manager (its ``started`` row, the program's own clock); then it is
+    killed. Calling it (``probe(kind)``, as ``run_ft``'s ``before``) gives ``{"start_s": P}``."""
+
+    def __init__(self, folder: str | Path, timeout: float = 120.0):
+        self.folder, self.timeout = Path(folder), timeout
+        self.lighthouse: subprocess.Popen | None = None
+
+    def __enter__(self) -> StartProbe:
+        from ddpguide.core.processes import store_port
+        from ddpguide.failures import engine
+
+        port = store_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.lighthouse = subprocess.Popen(engine.lighthouse_argv(engine.Settings(), port),
+                                           env={**os.environ, "RUST_LOG": "error"},
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                       timeout=timedelta(seconds=self.timeout))
+            until = time.monotonic() + self.timeout
+            while not programs.load(PROGRAM).lighthouse_reachable(self.url, 0.2):
+                if time.monotonic() > until or self.lighthouse.poll() is not None:
+                    raise RuntimeError(f"the probe's lighthouse did not start ({self.url})")
+                time.sleep(0.05)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __call__(self, kind: str = "") -> dict:
+        from ddpguide.failures import engine
+
+        probe = self.folder / f"probe{len(list(self.folder.glob('probe*')))}"
+        env = {**os.environ, "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2",
+               "TORCHFT_LIGHTHOUSE": self.url, "TORCHELASTIC_RESTART_COUNT": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.store.port), "RANK": "0",
+               "WORLD_SIZE": "1", "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
+        probe.mkdir(parents=True)
+        started = time.time()
+        child = subprocess.Popen([sys.executable, str(programs.path_of(PROGRAM)), "--rows",
+                                  str(probe / "rows"), "--linger", "0", "--timeout", "5"], env=env,
+                                 cwd=self.folder, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            until = time.monotonic() + self.timeout
+            while not (row := next((r for r in engine.read_rows(probe)
+                                    if r["event"] == "started"), None)):
+                if time.monotonic() > until or child.poll() is not None:
+                    raise RuntimeError(f"the start probe wrote no started row (exit status "
+                                       f"{child.poll()})")
+                time.sleep(0.01)
+        finally:
+            child.kill()
+            child.wait(30)
+        return {"start_s": row["time"] - started}
+
+    def __exit__(self, *exc: object) -> None:
+        if self.lighthouse is not None:
+            self.lighthouse.kill()
+            self.lighthouse.wait(30)
 
 
 def run_plain_ddp(folder: Path, steps: int) -> dict:

@@ -44,3 +44,17 @@ def test_ring_sum_is_what_gloo_computes_and_group_order_is_not(tmp_path):
         assert torch.equal(replay.ring_sum(flats(size)), gloo), size
     a, b, c = flats(1000)
     assert not torch.equal((a + b) + c, torch.load(tmp_path / "1000.pt"))   # the order shows
+
+
+def test_the_sharded_ring_mean_puts_each_parameter_back_whole_from_its_padded_shards():
+    """FT-HSDP, 3 groups of 2 ranks: a 5-row weight is cut 3 + 2 (+ 1 zero row); the mean
+    put back together has each parameter's shape and is the groups' mean to the last bits."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    g = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(p.shape, generator=g, dtype=torch.float64) for p in model.parameters()]
+             for _ in range(3)]
+    mean = replay.sharded_ring_mean(model, grads, 2)
+    assert [t.shape for t in mean] == [p.shape for p in model.parameters()]
+    for i, t in enumerate(mean):
+        plain = (grads[0][i] + grads[1][i] + grads[2][i]) / 3
+        assert torch.allclose(t, plain, rtol=0, atol=1e-15), i
