@@ -190,7 +190,8 @@ PER_HOST = frozenset({"NCCL_SOCKET_IFNAME"})
 
 
 def nccl_variable_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
-    """On nccl, every ``NCCL_*`` and ``TORCH_NCCL_*`` variable set the same on every rank as on ``reference``."""
+    """On nccl, every ``NCCL_*`` and ``TORCH_NCCL_*`` variable set the same on every rank as on
+    ``reference`` (those in :data:`PER_HOST` only on the reference's host)."""
     problems = []
     theirs = reference.get("nccl_variables", {})
     for record in records:
