@@ -167,7 +167,8 @@ GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel
 # 01, whose compiled DDP(nn.Sequential) compiles a graph here (most likely Dynamo tracing the
 # simulation's torch-function mode, outside torch); 07, whose DDP model has SyncBatchNorm on GPUs (DDP refuses it on the host module the simulation
 # keeps); 09, whose CUDA mesh is a CPU mesh here, so mesh_device() gives the host and the world's
-# nccl group refuses it; 17 fails at 2 simulated GPUs (no failure lands), cause not yet found. 18's Slurm jobs never see the simulation: client_env() drops DDPGUIDE_*.
+# nccl group refuses it; 17, whose torchft groups die at start on calls the simulation does not
+# stub yet (torch.Stream(), torch.accelerator's device index, one current stream per device). 18's Slurm jobs never see the simulation: client_env() drops DDPGUIDE_*.
 GPU_SIM_ALL_CHAPTERS ?= book/appendix_measurements.ipynb \
 	book/02_collectives.ipynb book/03_torchrun.ipynb book/04_elastic.ipynb \
 	book/05_model_parallel.ipynb book/06_sbp.ipynb $(GPU_SIM_CHAPTERS) book/10_debugging.ipynb \
