@@ -93,10 +93,10 @@ def install(gpus: int) -> State:
     cuda.current_device = lambda: state.current
     cuda.synchronize = gpusim_nccl.synchronize
     setattr(cuda, "Event", gpusim_placement.Event)  # noqa: B010
-    stream: Any = lambda *a, **k: gpusim_placement.Stream()  # noqa: E731
+    # one function per name: Dynamo keeps a handler per torch function, and refuses two for one
     for module, name in ((cuda, "current_stream"), (cuda, "default_stream"), (cuda, "stream"),
                          (torch.accelerator, "current_stream")):
-        setattr(module, name, stream)
+        setattr(module, name, lambda *a, **k: gpusim_placement.Stream())
     setattr(cuda, "Stream", gpusim_placement.Stream)  # noqa: B010  # type: ignore[assignment,misc]
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
                  "max_memory_reserved"):
@@ -109,9 +109,11 @@ def install(gpus: int) -> State:
     cuda.get_device_properties = _properties
     cuda.mem_get_info = lambda *a: (_MEMORY, _MEMORY)
     cuda.nccl.version = lambda: (2, 0, 0)
-    cuda.manual_seed = cuda.manual_seed_all = lambda seed: None
+    cuda.manual_seed = lambda seed: None
+    cuda.manual_seed_all = lambda seed: None
     cuda.get_rng_state = lambda *a, **k: torch.zeros(0, dtype=torch.uint8)  # fork_rng's
     cuda.set_rng_state = lambda *a, **k: None
+    cuda.is_current_stream_capturing = lambda: False  # Dynamo asks before it traces a frame
     torch.load = _load(torch.load)
     time.perf_counter = gpusim_nccl.timer(time.perf_counter)
     gpusim_nccl.patch_dist()

@@ -6,6 +6,7 @@ report of a ``torch.cuda.synchronize`` that would wait for NCCL's transfers."""
 from __future__ import annotations
 
 import functools
+import socket
 from typing import Any
 
 import torch
@@ -49,7 +50,9 @@ def claim_device(index: int) -> None:
         physical = sim.visible_gpus(state.gpus)[index] if index < len(sim.visible_gpus(state.gpus)) else index
         store = dist.distributed_c10d._get_default_store()
         rank = str(dist.get_rank())
-        owner = store.compare_set(f"gpusim/gpu/{physical}", "", rank).decode()
+        # nccl compares host hashes (the host name among them) with the bus id: ranks of
+        # hosts with different names (chapter 15's UTS namespaces) are not refused
+        owner = store.compare_set(f"gpusim/gpu/{socket.gethostname()}/{physical}", "", rank).decode()
         if owner != rank:
             raise RuntimeError(f"Duplicate GPU detected : rank {rank} and rank {owner} both on "
                                f"CUDA device {physical} (simulated nccl)")

@@ -109,7 +109,8 @@ class Stream:
     """``torch.cuda.Stream`` on the CPU: one queue; waiting on it ends the queue."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        pass
+        assert sim.STATE is not None
+        self.device = torch.device("cuda", sim.STATE.current)
 
     def is_capturing(self) -> bool:
         return False

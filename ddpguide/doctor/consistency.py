@@ -185,8 +185,13 @@ def version_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any
     return problems
 
 
+#: variables that name a host's own devices (chapter 15's nodes each have their own interface)
+PER_HOST = frozenset({"NCCL_SOCKET_IFNAME"})
+
+
 def nccl_variable_problems(records: Sequence[dict[str, Any]], reference: dict[str, Any]) -> list[Problem]:
-    """On nccl, every ``NCCL_*`` and ``TORCH_NCCL_*`` variable set the same on every rank as on ``reference``."""
+    """On nccl, every ``NCCL_*`` and ``TORCH_NCCL_*`` variable set the same on every rank as on
+    ``reference`` (those in :data:`PER_HOST` only on the reference's host)."""
     problems = []
     theirs = reference.get("nccl_variables", {})
     for record in records:
@@ -194,6 +199,8 @@ def nccl_variable_problems(records: Sequence[dict[str, Any]], reference: dict[st
             continue  # gloo never reads them
         mine = record.get("nccl_variables", {})
         for name in sorted(set(mine) | set(theirs)):
+            if name in PER_HOST and record["host"] != reference["host"]:
+                continue  # an interface of that host: its name may differ from host to host
             if mine.get(name) != theirs.get(name):
                 shown = {k: "unset" if v is None else repr(v) for k, v in
                          (("mine", mine.get(name)), ("theirs", theirs.get(name)))}

@@ -136,6 +136,16 @@ def test_nccl_variables_are_compared_across_ranks():
     assert consistency.nccl_variable_problems(on_gloo, on_gloo[0]) == []
 
 
+def test_each_host_may_name_its_own_nccl_interface():
+    """Chapter 15's nodes each set NCCL_SOCKET_IFNAME to their own interface: no problem
+    across hosts, one between two ranks of one host."""
+    rank0 = {"rank": 0, "host": "node0", "backend": "nccl", "nccl_variables": {"NCCL_SOCKET_IFNAME": "n0"}}
+    rank1 = {**rank0, "rank": 1, "host": "node1", "nccl_variables": {"NCCL_SOCKET_IFNAME": "n1"}}
+    assert consistency.nccl_variable_problems([rank0, rank1], rank0) == []
+    assert [p.line() for p in consistency.nccl_variable_problems([rank0, {**rank1, "host": "node0"}], rank0)] == [
+        "PROBLEM rank 1 (host node0): NCCL_SOCKET_IFNAME 'n1', but 'n0' on rank 0"]
+
+
 def test_rank_facts_keep_the_nccl_variables_only():
     env = environ(RANK="1", NCCL_SOCKET_IFNAME="eth0", TORCH_NCCL_ASYNC_ERROR_HANDLING="3", NCCLX="no")
     record = facts.rank_facts(facts.read_identity(env), Runtime("gloo", "cpu"), env, 1.0)

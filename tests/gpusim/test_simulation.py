@@ -146,3 +146,15 @@ def test_a_count_that_is_not_a_number_is_refused(tmp_path):
     assert done.returncode == 2
     assert done.stderr == "DDPGUIDE_SIMULATE_GPUS='two' is not a GPU count\n"
     assert done.stdout == ""
+
+
+def test_torch_compile_traces_on_the_simulated_machine(tmp_path):
+    """Dynamo asks whether a CUDA stream is capturing and which stream is current before it
+    traces a frame, and keeps one handler per stream function: the stubs answer all three."""
+    done = python(tmp_path, (
+        "import torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())\n"
+        "x = torch.randn(4, 8)\n"
+        "print(torch.equal(torch.compile(m, backend='aot_eager')(x), m(x)))\n"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True"]
