@@ -2,7 +2,7 @@
 
 Part 1 trains the ToyModel (Linear 10-10, ReLU, Linear 10-5) for a few DDP steps, each
 rank on its slice of one batch: the weights equal one process's on the whole batch
-(--out saves them). Part 2 trains a ConvNet on MNIST if its files are under --data
+(--report saves them). Part 2 trains a ConvNet on MNIST if its files are under --data
 (never downloaded), else on scikit-learn's 8x8 digits, with the last layer sized for
 8x8 inputs (no upsampling). It shows DistributedSampler + set_epoch, a per-rank seeded
 generator, printing on rank 0, an atomic checkpoint (epoch, model, optimizer), resuming
@@ -228,12 +228,13 @@ def worker(rank: int, world_size: int, args):
     log(rank, f"{world_size} ranks, backend {dist.get_backend()}, device {device.type}")
     toy_weights = train_toy(rank, world_size, device, args)
     result = train_convnet(rank, world_size, device, args)
-    if rank == 0 and args.out:
-        result.update(world_size=world_size, backend=dist.get_backend(),
+    if rank == 0 and args.report:  # written whole: a temporary file, renamed
+        result.update(checks=[], world_size=world_size, backend=dist.get_backend(),
                       toy={"steps": TOY_STEPS, "lr": args.lr, "seed": args.seed,
                            "weights": toy_weights})
-        with open(args.out, "w") as f:
+        with open(f"{args.report}.tmp", "w") as f:
             json.dump(result, f)
+        os.replace(f"{args.report}.tmp", args.report)
     cleanup()
 
 
@@ -251,13 +252,13 @@ def parse_args():
     parser.add_argument("--checkpoint", default="checkpoint.pt", help="saved and resumed from")
     parser.add_argument("--data", default="data", help="folder with MNIST/raw (default ./data)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="rank 0 writes the results here as JSON")
+    parser.add_argument("--report", help="rank 0 writes the results here as JSON")
     args = parser.parse_args()
     for name in ("world_size", "epochs", "batch_size", "lr"):
         value = getattr(args, name)
         if not 0 < value < math.inf:  # also refuses nan
             parser.error(f"argument --{name.replace('_', '-')}: expected a value > 0, got {value}")
-    for option, path in (("--checkpoint", args.checkpoint), ("--out", args.out)):
+    for option, path in (("--checkpoint", args.checkpoint), ("--report", args.report)):
         folder = os.path.dirname(os.path.abspath(path or "."))
         if path and (os.path.isdir(path) or not os.access(folder, os.W_OK)):
             parser.error(f"argument {option}: cannot write a file at {path!r}")

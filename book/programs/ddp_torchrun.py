@@ -261,12 +261,13 @@ def worker(rank: int, world_size: int, args):
         raise DeliberateCrash(f"rank {rank} crashed on purpose before training (--crash-rank)")
     toy_weights = train_toy(rank, world_size, device, args)
     result = train_convnet(rank, world_size, device, args)
-    if rank == 0 and args.out:
-        result.update(world_size=world_size, backend=dist.get_backend(),
+    if rank == 0 and args.report:  # written whole: a temporary file, renamed
+        result.update(checks=[], world_size=world_size, backend=dist.get_backend(),
                       toy={"steps": TOY_STEPS, "lr": args.lr, "seed": args.seed,
                            "weights": toy_weights})
-        with open(args.out, "w") as f:
+        with open(f"{args.report}.tmp", "w") as f:
             json.dump(result, f)
+        os.replace(f"{args.report}.tmp", args.report)
     cleanup()
 
 
@@ -283,7 +284,7 @@ def parse_args():
     parser.add_argument("--checkpoint", default="checkpoint.pt", help="saved and resumed from")
     parser.add_argument("--data", default="data", help="folder with MNIST/raw (default ./data)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="rank 0 writes the results here as JSON")
+    parser.add_argument("--report", help="rank 0 writes the results here as JSON")
     parser.add_argument("--crash-rank", type=int, default=-1,
                         help="this rank raises before training (to see the error files)")
     args = parser.parse_args()
@@ -291,7 +292,7 @@ def parse_args():
         value = getattr(args, name)
         if not 0 < value < math.inf:  # also refuses nan
             parser.error(f"argument --{name.replace('_', '-')}: expected a value > 0, got {value}")
-    for option, path in (("--checkpoint", args.checkpoint), ("--out", args.out)):
+    for option, path in (("--checkpoint", args.checkpoint), ("--report", args.report)):
         folder = os.path.dirname(os.path.abspath(path or "."))
         if path and (os.path.isdir(path) or not os.access(folder, os.W_OK)):
             parser.error(f"argument {option}: cannot write a file at {path!r}")

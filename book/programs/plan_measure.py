@@ -4,7 +4,8 @@ bandwidth, the time of one small operation, what a tensor-parallel module adds, 
 several busy processes get together, and, under torchrun, each link level's alpha, beta and
 burst from gloo all-reduces of several sizes.
 
-Run:  python plan_measure.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
+Run:  python plan_measure.py --measure hw.json --ranks 2 --seconds 0.02   (a quick look: each timing 0.02 s)
+      python plan_measure.py --measure hw.json --ranks 4   (matmul rates, bandwidth, overheads, cores)
       torchrun --standalone --nproc-per-node 4 plan_measure.py --sweep hw.json     (one node's link)
       torchrun --nnodes 2 --node-rank K --nproc-per-node 2 --rdzv-endpoint NODE0:29500 \
           plan_measure.py --sweep hw.json                  (on each node K: both link levels)

@@ -3,7 +3,7 @@ in the order torch's schedules run them, the collectives each waits for and the 
 backward runs again, activations sent between stages, what FSDP's and DDP's collectives hide behind
 compute, the ranks sharing the cores; and the parts of memory alive at once at the step's peak.
 
-Run:  python plan_step.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2
+Run:  python plan_step.py --hardware hw.json --layers 2 --dim 256 --ffn 1024 --pp 2 --dp-shard 2 --microbatches 2
       (hw.json: this machine, written by plan_measure.py --measure and --sweep)
 
 plan_cost.py (the formulas) sits beside it: copy both. The standard library only.

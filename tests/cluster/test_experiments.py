@@ -12,6 +12,7 @@ from ddpguide.bench import cluster as suite
 from ddpguide.cluster import Spec, netns, up
 from ddpguide.cluster.experiments import ProgramFailed, run_program
 from ddpguide.cluster.launch import torchrun_argv, torchrun_on
+from ddpguide.launch import report as reports
 from ddpguide.launch.programs import path_of
 
 pytestmark = [pytest.mark.multiprocess,
@@ -53,11 +54,11 @@ def test_ddp_and_fsdp2_programs_run_unchanged_on_two_nodes(tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
         fsdp2 = run_program(cluster, path_of("fsdp2.py"), [], 600)
         ended = torchrun_on(cluster, [str(path_of("ddp_torchrun.py")), "--epochs", "1", "--checkpoint",
-                                      str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "ddp.json")],
+                                      str(tmp_path / "ckpt.pt"), "--report", str(tmp_path / "ddp.json")],
                             600, cwd=tmp_path)
         assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
     assert fsdp2["checks"] and all(check["ok"] for check in fsdp2["checks"])
-    assert json.loads((tmp_path / "ddp.json").read_text())["world_size"] == 4
+    assert reports.read(tmp_path / "ddp.json")["world_size"] == 4
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ddpguide.bench.plan import QUICK_REPEATS, QUICK_SECONDS
+from ddpguide.bench.plan import QUICK_SECONDS
 from ddpguide.launch import report as reports
 from ddpguide.launch.programs import load, path_of
 from tests.programs.programs_support import PYTHON, check_ok, copy_program, run
@@ -28,9 +28,10 @@ LAYOUT = ["--layers", "2", "--dim", "256", "--ffn", "1024", "--pp", "2", "--dp-s
 def test_measure_then_predict(tmp_path):
     for name in ALL:
         copy_program(name, tmp_path)
-    # the benchmark's quick timings: what is checked is what --measure writes, not its precision
+    # the benchmark's quick timings (the Run: line's first command): what is checked is what
+    # --measure writes, not its precision
     check_ok(run([PYTHON, "plan_measure.py", "--measure", "hw.json", "--ranks", "2", "--seconds", str(QUICK_SECONDS),
-                  "--repeats", str(QUICK_REPEATS), "--report", "report.json"], tmp_path, timeout=180))
+                  "--report", "report.json"], tmp_path, timeout=180))
     hw = json.loads((tmp_path / "hw.json").read_text())
     assert len(hw["matmul"]) == 48 and hw["backend"] == "gloo" and not hw["streams"]
     assert 0 < hw["cores"] <= 2.2 and hw["tp_module_seconds"] > 0 and hw["op_seconds"] > 0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ddpguide.launch import report as reports
 from tests.programs.programs_support import (
     PYTHON,
     check_ok,
@@ -66,9 +66,9 @@ def test_a_second_run_resumes_after_the_saved_epoch(spawn_default_run, tmp_path)
     folder, _, _ = spawn_default_run
     for name in ("ddp_spawn.py", "checkpoint.pt"):
         shutil.copy(folder / name, tmp_path / name)
-    result = check_ok(run([PYTHON, "ddp_spawn.py", "--epochs", "4", "--out", "resumed.json"],
+    result = check_ok(run([PYTHON, "ddp_spawn.py", "--epochs", "4", "--report", "resumed.json"],
                           tmp_path, timeout=150))
-    out = json.loads((tmp_path / "resumed.json").read_text())
+    out = reports.read(tmp_path / "resumed.json", "ddp_spawn.py")
     assert "resumed from checkpoint.pt: epochs 0-2 done" in result.stdout
     assert out["epochs_run"] == [3]
     assert "epoch 2:" not in result.stdout and "epoch 3:" in result.stdout
@@ -79,7 +79,7 @@ def test_a_second_run_resumes_after_the_saved_epoch(spawn_default_run, tmp_path)
 def test_bad_input_from_the_shell_is_one_line_exit_2_and_nothing_written(tmp_path):
     copy_program("ddp_spawn.py", tmp_path)
     before = files_in(tmp_path)
-    result = run([PYTHON, "ddp_spawn.py", "--epochs", "0", "--out", "out.json"], tmp_path,
+    result = run([PYTHON, "ddp_spawn.py", "--epochs", "0", "--report", "out.json"], tmp_path,
                  timeout=60)
     assert (result.returncode, result.stderr, result.stdout) == (
         2, "ddp_spawn.py: error: argument --epochs: expected a value > 0, got 0\n", "")
@@ -90,7 +90,7 @@ def test_bad_input_from_the_shell_is_one_line_exit_2_and_nothing_written(tmp_pat
     (["--world-size", "0"], "argument --world-size: expected a value > 0, got 0"),
     (["--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
     (["--lr", "inf"], "argument --lr: expected a value > 0, got inf"),
-    (["--out", "missing/out.json"], "argument --out: cannot write a file at 'missing/out.json'"),
+    (["--report", "missing/out.json"], "argument --report: cannot write a file at 'missing/out.json'"),
     (["--checkpoint", "broken.pt"], "argument --checkpoint: 'broken.pt' is not a checkpoint "
                                     "of this program (move it away to start afresh)"),
 ])

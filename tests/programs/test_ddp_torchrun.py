@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import difflib
-import json
 
 import pytest
 import torch
 
+from ddpguide.launch import report as reports
 from tests.programs.programs_support import (
     PROGRAMS,
     TORCHRUN,
@@ -23,8 +23,8 @@ def test_torchrun_gives_the_same_result_as_mp_spawn(spawn_default_run, tmp_path)
     _, _, spawned = spawn_default_run
     copy_program("ddp_torchrun.py", tmp_path)
     result = check_ok(run([TORCHRUN, "--standalone", "--nproc-per-node=2", "ddp_torchrun.py",
-                           "--out", "out.json"], tmp_path, timeout=150))
-    out = json.loads((tmp_path / "out.json").read_text())
+                           "--report", "out.json"], tmp_path, timeout=150))
+    out = reports.read(tmp_path / "out.json", "ddp_torchrun.py")
     for key in ("dataset", "test_images", "epochs_run", "world_size", "backend"):
         assert out[key] == spawned[key], key
     # Same seeds, data and thread count: the same arithmetic (tolerance for safety).
