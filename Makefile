@@ -29,7 +29,7 @@ help:
 	@echo "make test        install; package tests, every chapter once, the rendered book"
 	@echo "                 (links, then every page in headless Chromium; screenshots in"
 	@echo "                 _build/screenshots)"
-	@echo "make ran-check   after make test: each book program that never ran as its Run: line types it"
+	@echo "make ran-check   (make test's last step) each book program that never ran as its Run: line types it"
 	@echo "make test-fast   the package tests that start no process (seconds to a minute or two)"
 	@echo "make lint        ruff (rules in pyproject.toml) and mypy on the package (strict on core)"
 	@echo "make lab         open the chapters in JupyterLab"
@@ -70,8 +70,7 @@ book: $(STAMP) $(BOOK_JS)
 # One step after another, so that `make -j test` keeps the order. The runner records every
 # command it execs into $(RAN) (package tests and chapters alike); `make ran-check` afterwards
 # names each book program that never ran as its docstring's Run: line types it
-# (ddpguide/launch/ran.py). It is not yet a step of `make test`: several programs' Run: lines
-# are run only with added options (--report, --out, fewer epochs) by the tests and chapters.
+# (ddpguide/launch/ran.py); it is `make test`'s last step, so that it skips nothing before it.
 RAN := $(CURDIR)/_build/ran
 test: $(STAMP)
 	rm -rf $(RAN)
@@ -81,6 +80,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory render
 	$(MAKE) --no-print-directory linkcheck
 	$(MAKE) --no-print-directory test-browser
+	$(MAKE) --no-print-directory ran-check
 
 ran-check:
 	$(PY) -m ddpguide.launch.ran $(RAN)

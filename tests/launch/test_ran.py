@@ -6,6 +6,7 @@ recorded), so that nothing heavier than ``true`` starts."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ddpguide.launch import programs, ran, ranks, starts
 from ddpguide.launch.programs import copy_program
 
 pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -137,3 +139,18 @@ def test_an_added_report_file_is_still_the_run_line_and_nothing_else_added_is(re
         assert not starts.is_run_line(spawn, ["python", "ddp_spawn.py", *added], {}, str(tmp_path)), added
     assert starts.without_report(["python", "a.py", "--lr", "1", "--report", "r.json"], "a.py") == [
         "python", "a.py", "--lr", "1"]
+
+
+def test_make_test_ends_with_the_check_which_fails_on_a_program_that_never_ran_as_typed(records, tmp_path):
+    make = ["make", "--no-print-directory", "-C", str(ROOT), f"VENV={tmp_path / 'venv'}"]
+    planned = subprocess.run([*make, "-n", "test"], capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.splitlines()[-1] == f"{tmp_path / 'venv'}/bin/python -m ddpguide.launch.ran {ROOT}/_build/ran"
+    # the planted failure: ring_allreduce.py ran, but only with another option than its Run: line's
+    start("ring_allreduce.py", [sys.executable, "{}", "--world-size", "4", "--report", "r.json"], tmp_path / "f")
+    check = subprocess.run([*make, f"PY={sys.executable}", f"RAN={records}", "ran-check"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 2  # make's own status when a step fails: `make test` fails
+    assert ("ring_allreduce.py: never ran as its Run: line types it (python ring_allreduce.py); it ran as: "
+            "python ring_allreduce.py --world-size 4 --report r.json") in check.stderr.splitlines()
+    assert "1 program starts recorded; " in check.stderr
