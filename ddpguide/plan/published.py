@@ -105,7 +105,7 @@ PLAYBOOK_SEQ = 4096
 PICOTRON = (("smollm-1.7b", 8, 50.0, 4, 1024, 32), ("llama2-7b", 64, 38.0, 4, 1024, 32))
 
 
-def flops_per_token(m, seq: int, embedding: bool = False) -> float:
+def flops_per_token(m: Any, seq: int, embedding: bool = False) -> float:
     """The FLOPs a token that nanotron's MFU counts (get_flops): 6 x the matmul weights (the
     head included) + 12 x layers x width x sequence (attention, no causal half). picotron's
     (get_mfu) count 6 x every parameter: with ``embedding``, the embedding too, apart from
@@ -114,7 +114,7 @@ def flops_per_token(m, seq: int, embedding: bool = False) -> float:
     return 6 * (m.layers * per_layer + (1 + embedding) * m.vocab * m.dim) + 12 * m.layers * m.dim * seq
 
 
-def _torchtitan(p: ModuleType, catalog) -> list[dict]:
+def _torchtitan(p: ModuleType, catalog: ModuleType) -> list[dict]:
     hw = hardware.named(p, "H100-titan")
     rows = []
     for table, technique, name, gpus, axes, local, seq, dtype, ac, schedule, tps, gib in TORCHTITAN:
@@ -141,16 +141,17 @@ def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: in
                     accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1)
 
 
-def _policy(p: ModuleType):
+def _policy(p: ModuleType) -> Any:
     return p.Policy(param=4, compute=2, reduce=4, state=4)
 
 
-def _mfu(p, model, layout, hw, batch: int, seq: int, embedding: bool = False) -> tuple[float, dict]:
+def _mfu(p: ModuleType, model: Any, layout: Any, hw: Any, batch: int, seq: int,
+         embedding: bool = False) -> tuple[float, dict]:
     out = p.predict(model, layout, _policy(p), hw, batch, seq)
     return out["tokens_per_gpu"] * flops_per_token(model, seq, embedding) / PEAK_MFU * 100, out
 
 
-def _fits(p, model, layout, hw, batch: int, seq: int) -> bool:
+def _fits(p: ModuleType, model: Any, layout: Any, hw: Any, batch: int, seq: int) -> bool:
     """Whether the layout's busiest rank fits (the memory half of ``predict`` alone), to skip
     the step's prediction of a layout that cannot be chosen."""
     return search.margin(p.peak_memory(model, layout, _policy(p), batch, seq), hw) >= 0
@@ -203,7 +204,7 @@ def best(p: ModuleType, catalog: ModuleType, name: str, gpus: int, batch: int, s
                          f"ZeRO-{layout.zero}"}
 
 
-def _picotron(p: ModuleType, catalog) -> list[dict]:
+def _picotron(p: ModuleType, catalog: ModuleType) -> list[dict]:
     rows = []
     for name, gpus, mfu, mbs, seq, gas in PICOTRON:
         chosen = best(p, catalog, name, gpus, gpus * mbs * gas, seq, embedding=True, zeros=(0,))

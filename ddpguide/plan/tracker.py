@@ -12,6 +12,9 @@ parameters and gradients, all-gather and reduce-scatter buffers told apart), the
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 from ddpguide.launch.programs import load
 from ddpguide.launch.spawn import spawn
 
@@ -39,7 +42,7 @@ def _worker(axes: dict, config: dict, seq: int, batch: int, timeout: float) -> d
     x = data[dp * rows:(dp + 1) * rows, cp * cols:(cp + 1) * cols]
     y = data[dp * rows:(dp + 1) * rows, cp * cols + 1:(cp + 1) * cols + 1]
 
-    def step():
+    def step() -> None:
         gpt.loss_of(stage(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -67,7 +70,8 @@ def peak(axes: dict, config: dict, seq: int, batch: int, timeout: float = 300.0)
                  echo=False)
 
 
-def predicted_over_tracked(p, model, layout, policy, seq: int, batch: int, snaps: list[dict]) -> float:
+def predicted_over_tracked(p: ModuleType, model: Any, layout: Any, policy: Any, seq: int, batch: int,
+                           snaps: list[dict]) -> float:
     """The planner's simultaneous peak (``at_peak`` of ``memory``) at its busiest rank over the
     largest peak torch's tracker saw at any rank (``peak``'s snapshots of the same layout)."""
     predicted = max(sum(p.at_peak(model, layout, policy, batch, seq, r).values())
