@@ -38,7 +38,7 @@ def run_local(options: Options) -> int:
                 LOCAL_LAUNCH_VARIABLE: "1"})))
         # rank 0 reported: a stopped rank is not waited for
         outcome = group.wait(limit, until=lambda: not group.alive(0), all_end=True)
-        if outcome == "until":
+        if outcome is ranks.Outcome.UNTIL:
             group.wait(AFTER_RANK_0_S, all_end=True)
         stuck = [rank for rank in range(options.nproc) if group.alive(rank)]
         rank0_running = group.alive(0)
