@@ -144,14 +144,17 @@ def loopback_bytes_per_s(megabytes: int = 64) -> float:
 
 
 def stall_predicted_s(report: dict, failure: dict, settings) -> float:
-    """The survivor's stall after ``failure``, from the configured timeouts (module docstring)."""
+    """The survivor's stall after ``failure``, from the configured timeouts (module docstring;
+    a cut link silences its node as SIGSTOP silences a rank: the same prediction)."""
+    from ddpguide.failures import chaos
+
     spared = min(g for g in range(report["groups"]) if g not in failure["groups"])
     commits = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
                      and r["group"] == spared)
     t_f, s, tick = failure["time"], settings.step_seconds, settings.quorum_tick_ms / 1000
     r = max(t for t in commits if t <= t_f) + s
     following = min((t for t in commits if t > t_f), default=float("inf"))
-    if failure["what"] == "SIGSTOP" and any(
+    if failure["what"] in chaos.SILENT and any(
             row["group"] == spared and t_f < row["time"] < following
             and row["participants"] == report["groups"] for row in report["contributed"]):
         return settings.timeout_s + s + tick / 2

@@ -7,7 +7,16 @@ ends by the default action, its sockets closed by the kernel, as a rank does tha
 an error), ``hang`` (SIGSTOP past the timeouts, then SIGKILL or SIGCONT), ``lighthouse``
 (killed, started again at the same address), ``heal`` (a rank killed, then its replacement
 killed as soon as it has started, while it joins and heals), ``quorum`` (a rank killed just
-after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more).
+after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more),
+``link`` (on a cluster only: the link of a group's node taken down, past the timeouts, then
+brought back up; never node 0's, which holds the lighthouse).
+
+A cut link is restored rather than left dead: with its link down a group reaches neither the
+lighthouse nor its peers, so every process torchrun started in its place would fail the same
+way and use up its restarts; a link that comes back (a flapping cable, a rebooted switch) is
+what a group can recover from. Its processes are not killed: they fail their collective or
+quorum on their own, join the next quorum once the link is back and heal from a live peer
+(or exit on the error and are restarted by torchrun, which heals them the same way).
 """
 
 from __future__ import annotations
@@ -20,7 +29,9 @@ from collections.abc import Callable
 from ddpguide.core.processes import signal_all
 from ddpguide.failures import engine
 
-KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term")
+KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term", "link")
+#: the failure entries a stopped peer leaves the survivors (they wait for it, no socket closed)
+SILENT = ("SIGSTOP", "link down")
 
 
 class Chaos:
@@ -34,7 +45,8 @@ class Chaos:
         self.hang_ends = hang_ends     # what ends a hang: drawn from these
         self.before = before           # called with the kind just before each failure: its
         self._extra: dict = {}         # keys go into that failure's log entries
-        self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
+        self.kinds = tuple(k for k in kinds if (k != "two" or job.settings.groups >= 3)
+                           and (k != "link" or job.cluster is not None))
         self.log: list[dict] = []
 
     def rows(self) -> list[dict]:
@@ -96,7 +108,18 @@ class Chaos:
             time.sleep(0.2)
             self.job.start_lighthouse()      # the same port: the Managers retry their quorum
             return
-        victims = self.rng.sample(range(groups), 2 if kind == "two" else 1)
+        victims = self.rng.sample(range(1 if kind == "link" else 0, groups),
+                                  2 if kind == "two" else 1)
+        if kind == "link":
+            pids = self.job.ranks_of(victims[0])
+            try:
+                self.job.set_link(victims[0], up=False)
+                self._note("link down", victims, pids)
+                time.sleep(self.job.settings.timeout_s + 1.0)   # past every timeout
+            finally:
+                self.job.set_link(victims[0], up=True)
+            self._note("link up", victims, pids, after="link down")
+            return
         pids = [p for p in (self._rank(g, until_s) for g in victims) if p is not None]
         if kind == "quorum":                 # just after a step: the next quorum is forming
             seen = len(self.rows())
