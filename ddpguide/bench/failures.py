@@ -14,6 +14,9 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
   torchrun's 2 ranks): the same model, per-rank batch, gloo, no sleep, in the same run.
 - ``young_daly_best_interval_measured_over_predicted``: C measured (synchronous DCP save),
   failures and restarts on a simulated clock (``ddpguide.failures.cadence``).
+- ``torchrun_over_ft_recovery_cluster`` (full mode, as root): the same two recoveries on
+  chapter 15's cluster, one link lost (``failures_cluster``, whose parts it reports), with
+  ``stall_measured_over_predicted_link``.
 - ``stall_measured_over_predicted_<kind>`` and ``rejoin_measured_over_predicted_<kind>`` for
   ``term`` (SIGTERM: the rank ends, the kernel closes its sockets; torchrun restarts it, its
   exit status being non-zero), ``kill`` (SIGKILL) and ``hang`` (SIGSTOP, then SIGKILL after
@@ -58,6 +61,7 @@ import threading
 import time
 from pathlib import Path
 
+from ddpguide.bench import failures_cluster
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
 
@@ -89,6 +93,7 @@ ANCHORS = {
     **{f"rejoin_measured_over_predicted_{k}": (
         f"{what} to the new incarnation healed / process start + quorum + heal bytes",
         "torchrun, torchft", "0.8-1.25") for k, what in KINDS.items()},
+    **failures_cluster.ANCHORS,
 }
 
 
@@ -253,6 +258,12 @@ def run(quick: bool = False) -> Report:
             report.ratios["torchrun_recovery_s"] = torchrun["lost_s"]
             report.ratios["torchrun_over_ft_recovery"] = torchrun["lost_s"] / ft
             progress.advance("torchrun recovery", [("torchrun lost", torchrun["lost_s"], "s")])
+            from ddpguide.cluster.netns import missing_prerequisite
+
+            if missing_prerequisite() is None:
+                failures_cluster.run(report, Path(tmp, "cluster"), settings, stall_predicted_s)
+            else:
+                report.notes.append(f"no cluster run: {missing_prerequisite()}")
 
         cost = cadence.checkpoint_cost(8 if quick else 32, 1 if quick else 3)
         for name in ("sync_s", "async_stall_s", "async_total_s"):
