@@ -45,10 +45,12 @@ than ordinary steps would, i.e. how much later than r its next quorum forms.
   ((s + k) / 2 on average), and the heal moves the state's bytes B over loopback at the
   bandwidth W (a 64 MB transfer over a loopback TCP socket, timed here):
   ``m / 2 + P + (s + k) / 2 + B / W``. P is timed beside each failure, in the same run and
-  under its load: just before the failure is injected, a separate start of the same program
-  (``runs.StartProbe``: a restarted group's rank, against a lighthouse of its own) is timed
-  from its exec to its ``started`` row; never on the rejoin it predicts. For a hang, the probe
-  runs before the SIGSTOP, the collective's timeout + 1 s before the SIGKILL. The rendezvous of
+  under its load: a separate start of the same program (``runs.StartProbe``: a restarted
+  group's rank, against a lighthouse of its own) is timed from its exec to its ``started``
+  row, just before the failure is injected and again once every group is back after it
+  (never beside the rejoin it predicts: the two would share the cores); P is their median.
+  For a hang, the first probe runs before the SIGSTOP, the collective's timeout + 1 s before
+  the SIGKILL. The rendezvous of
   a group of one rank is torchrun's own store, a few milliseconds, and is not in the sum.
 """
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import statistics
 import tempfile
 import threading
 import time
@@ -182,9 +185,15 @@ def rejoin_measured_s(report: dict, failure: dict) -> float | None:
     return min(healed) - failure["time"] if healed else None
 
 
+def probed_start_s(failure: dict) -> float:
+    """P for ``failure``: the median of the probes timed before it and after its group was
+    back (``start_s``, ``start_after_s``; the first alone when the run ended first)."""
+    return statistics.median([failure[k] for k in ("start_s", "start_after_s") if k in failure])
+
+
 def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> None:
     """The stall and rejoin ratios of each kind, from the run of the three failures in turn;
-    each rejoin predicted with the P timed just before its failure (its ``start_s``)."""
+    each rejoin predicted with the P timed beside its failure (``probed_start_s``)."""
     from ddpguide.failures import runs
 
     report.add("loopback W", bandwidth / 1e6, "MB/s", heal_bytes=runs.heal_bytes(settings))
@@ -201,10 +210,12 @@ def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> Non
         if ended is not None and f"rejoin_measured_over_predicted_{ended}" not in report.ratios:
             measured = rejoin_measured_s(chaos_run, failure)
             if measured is not None and not (ended == "hang" and failure["what"] == "SIGSTOP"):
-                rejoin_pred = rejoin_predicted_s(settings, failure["start_s"], bandwidth)
-                report.add(f"process start P {ended}", failure["start_s"], "s")
+                start_s = probed_start_s(failure)
+                rejoin_pred = rejoin_predicted_s(settings, start_s, bandwidth)
+                report.add(f"process start P {ended}", start_s, "s", before_s=failure["start_s"],
+                           after_s=failure.get("start_after_s"))
                 report.add(f"rejoin {ended}", measured, "s", predicted_s=rejoin_pred,
-                           start_s=failure["start_s"])
+                           start_s=start_s)
                 report.ratios[f"rejoin_measured_over_predicted_{ended}"] = measured / rejoin_pred
 
 
@@ -242,6 +253,8 @@ def run(quick: bool = False) -> Report:
             chaos_run = runs.run_ft(Path(tmp, "chaos"), failures=len(kinds), seed=1,
                                     kinds=kinds, in_order=True, hang_ends=(signal.SIGKILL,),
                                     gap_s=gap_s, before=probe, steps=settings.steps,
+                                    after=None if quick else lambda k: {
+                                        "start_after_s": probe(k)["start_s"]},
                                     step_seconds=step_s, deadline_s=settings.deadline_s)
         report.add("chaos run", chaos_run["seconds"], "s", failures=[
             f["what"] for f in chaos_run["failures"]], failed_checks=[

@@ -40,11 +40,14 @@ class Chaos:
     def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
                  gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False,
                  hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
-                 before: Callable[[str], dict] | None = None):
+                 before: Callable[[str], dict] | None = None,
+                 after: Callable[[str], dict] | None = None):
         self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
         self.hang_ends = hang_ends     # what ends a hang: drawn from these
         self.before = before           # called with the kind just before each failure: its
         self._extra: dict = {}         # keys go into that failure's log entries
+        self.after = after             # the same, called once every group is back after it
+        self._pending: tuple[int, str] | None = None   # (first log entry, kind) awaiting it
         self.kinds = tuple(k for k in kinds if (k != "two" or job.settings.groups >= 3)
                            and (k != "link" or job.cluster is not None))
         self.log: list[dict] = []
@@ -84,19 +87,33 @@ class Chaos:
                 if time.monotonic() > until_s or not self.job.running():
                     return self.log
                 time.sleep(0.05)
+            self._after_last()
             time.sleep(self.rng.uniform(*self.gap_s))
             if self._near_the_end(margin) or time.monotonic() > until_s:
                 break
             kind = self.kinds[i % len(self.kinds)] if self.in_order else self.rng.choice(self.kinds)
             self._extra = self.before(kind) if self.before else {}
+            self._pending = (len(self.log), kind)
             self.inject(kind, until_s)
         return self.log
+
+    def _after_last(self) -> None:
+        """``after(kind)`` for the last failure, once its group is back; its keys go into that
+        failure's entries."""
+        if self.after is not None and self._pending is not None:
+            first, kind = self._pending
+            extra = self.after(kind)
+            for entry in self.log[first:]:
+                entry.update(extra)
+        self._pending = None
 
     def end_soon(self, until_s: float, margin: int) -> None:
         """Once every group is back (or at ``until_s``), end the run ``margin`` steps past the
         furthest group, so that it lasts as long as its failures need and no longer."""
         while not self._healthy() and time.monotonic() < until_s and self.job.running():
             time.sleep(0.05)
+        if self._healthy():
+            self._after_last()
         steps = [r["step"] for r in self.rows() if r["event"] == "step"]
         engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
 

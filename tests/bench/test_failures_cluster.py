@@ -23,3 +23,8 @@ def test_torchrun_loses_the_gap_from_its_last_epoch_before_the_cut_less_one_epoc
 def test_the_cluster_ratios_are_anchored_in_the_failures_suite():
     for name in failures_cluster.ANCHORS:
         assert failures.ANCHORS[name] == failures_cluster.ANCHORS[name]
+
+
+def test_p_is_the_median_of_the_probes_before_and_after_a_failure():
+    assert failures.probed_start_s({"start_s": 3.0, "start_after_s": 5.0}) == 4.0
+    assert failures.probed_start_s({"start_s": 3.0}) == 3.0   # the run ended before the second

@@ -69,3 +69,16 @@ def test_a_cut_link_on_the_cluster_is_survived_with_every_invariant(tmp_path):
     stall = runs.lost_s(report, cut)
     predicted = stall_predicted_s(report, cut, engine.Settings(step_seconds=0.1))
     assert stall is not None and 0.5 < stall / predicted < 2.0, (stall, predicted)
+
+
+def test_the_after_hook_goes_into_every_entry_of_the_last_failure_once():
+    job = SimpleNamespace(settings=engine.Settings(groups=2), cluster=None)
+    calls = []
+    trouble = chaos.Chaos(job, 0, after=lambda kind: calls.append(kind) or {"p": 1.0})  # type: ignore[arg-type]
+    trouble.log = [{"what": "SIGKILL (kill)"}]
+    trouble._pending = (1, "hang")
+    trouble.log += [{"what": "SIGSTOP"}, {"what": "SIGKILL", "after": "SIGSTOP"}]
+    trouble._after_last()
+    trouble._after_last()                                   # nothing pending: not called again
+    assert calls == ["hang"]
+    assert [e.get("p") for e in trouble.log] == [None, 1.0, 1.0]
