@@ -36,7 +36,7 @@ ALLOWED = {
     "gpt": {"core", "launch"},
     "cluster": {"core", "launch"},
     "plan": {"core", "launch", "gpt", "cluster"},
-    "failures": {"core", "launch"},
+    "failures": {"core", "launch", "cluster"},
     "slurm": {"core", "launch", "cluster", "failures"},
     "bench": {"core", "launch", "collectives", "ddp", "train", "pipeline", "sbp", "elastic",
               "sharding", "doctor", "context", "experts", "gpt", "cluster", "plan", "failures",

@@ -14,6 +14,9 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
   torchrun's 2 ranks): the same model, per-rank batch, gloo, no sleep, in the same run.
 - ``young_daly_best_interval_measured_over_predicted``: C measured (synchronous DCP save),
   failures and restarts on a simulated clock (``ddpguide.failures.cadence``).
+- ``torchrun_over_ft_recovery_cluster`` (full mode, as root): the same two recoveries on
+  chapter 15's cluster, one link lost (``failures_cluster``, whose parts it reports), with
+  ``stall_measured_over_predicted_link``.
 - ``stall_measured_over_predicted_<kind>`` and ``rejoin_measured_over_predicted_<kind>`` for
   ``term`` (SIGTERM: the rank ends, the kernel closes its sockets; torchrun restarts it, its
   exit status being non-zero), ``kill`` (SIGKILL) and ``hang`` (SIGSTOP, then SIGKILL after
@@ -42,10 +45,12 @@ than ordinary steps would, i.e. how much later than r its next quorum forms.
   ((s + k) / 2 on average), and the heal moves the state's bytes B over loopback at the
   bandwidth W (a 64 MB transfer over a loopback TCP socket, timed here):
   ``m / 2 + P + (s + k) / 2 + B / W``. P is timed beside each failure, in the same run and
-  under its load: just before the failure is injected, a separate start of the same program
-  (``runs.StartProbe``: a restarted group's rank, against a lighthouse of its own) is timed
-  from its exec to its ``started`` row; never on the rejoin it predicts. For a hang, the probe
-  runs before the SIGSTOP, the collective's timeout + 1 s before the SIGKILL. The rendezvous of
+  under its load: a separate start of the same program (``runs.StartProbe``: a restarted
+  group's rank, against a lighthouse of its own) is timed from its exec to its ``started``
+  row, just before the failure is injected and again once every group is back after it
+  (never beside the rejoin it predicts: the two would share the cores); P is their median.
+  For a hang, the first probe runs before the SIGSTOP, the collective's timeout + 1 s before
+  the SIGKILL. The rendezvous of
   a group of one rank is torchrun's own store, a few milliseconds, and is not in the sum.
 """
 
@@ -53,11 +58,13 @@ from __future__ import annotations
 
 import signal
 import socket
+import statistics
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from ddpguide.bench import failures_cluster
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
 
@@ -89,6 +96,7 @@ ANCHORS = {
     **{f"rejoin_measured_over_predicted_{k}": (
         f"{what} to the new incarnation healed / process start + quorum + heal bytes",
         "torchrun, torchft", "0.8-1.25") for k, what in KINDS.items()},
+    **failures_cluster.ANCHORS,
 }
 
 
@@ -144,14 +152,17 @@ def loopback_bytes_per_s(megabytes: int = 64) -> float:
 
 
 def stall_predicted_s(report: dict, failure: dict, settings) -> float:
-    """The survivor's stall after ``failure``, from the configured timeouts (module docstring)."""
+    """The survivor's stall after ``failure``, from the configured timeouts (module docstring;
+    a cut link silences its node as SIGSTOP silences a rank: the same prediction)."""
+    from ddpguide.failures import chaos
+
     spared = min(g for g in range(report["groups"]) if g not in failure["groups"])
     commits = sorted(r["time"] for r in report["step"] if r["committed"] and r["rank"] == 0
                      and r["group"] == spared)
     t_f, s, tick = failure["time"], settings.step_seconds, settings.quorum_tick_ms / 1000
     r = max(t for t in commits if t <= t_f) + s
     following = min((t for t in commits if t > t_f), default=float("inf"))
-    if failure["what"] == "SIGSTOP" and any(
+    if failure["what"] in chaos.SILENT and any(
             row["group"] == spared and t_f < row["time"] < following
             and row["participants"] == report["groups"] for row in report["contributed"]):
         return settings.timeout_s + s + tick / 2
@@ -174,9 +185,15 @@ def rejoin_measured_s(report: dict, failure: dict) -> float | None:
     return min(healed) - failure["time"] if healed else None
 
 
+def probed_start_s(failure: dict) -> float:
+    """P for ``failure``: the median of the probes timed before it and after its group was
+    back (``start_s``, ``start_after_s``; the first alone when the run ended first)."""
+    return statistics.median([failure[k] for k in ("start_s", "start_after_s") if k in failure])
+
+
 def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> None:
     """The stall and rejoin ratios of each kind, from the run of the three failures in turn;
-    each rejoin predicted with the P timed just before its failure (its ``start_s``)."""
+    each rejoin predicted with the P timed beside its failure (``probed_start_s``)."""
     from ddpguide.failures import runs
 
     report.add("loopback W", bandwidth / 1e6, "MB/s", heal_bytes=runs.heal_bytes(settings))
@@ -193,10 +210,12 @@ def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> Non
         if ended is not None and f"rejoin_measured_over_predicted_{ended}" not in report.ratios:
             measured = rejoin_measured_s(chaos_run, failure)
             if measured is not None and not (ended == "hang" and failure["what"] == "SIGSTOP"):
-                rejoin_pred = rejoin_predicted_s(settings, failure["start_s"], bandwidth)
-                report.add(f"process start P {ended}", failure["start_s"], "s")
+                start_s = probed_start_s(failure)
+                rejoin_pred = rejoin_predicted_s(settings, start_s, bandwidth)
+                report.add(f"process start P {ended}", start_s, "s", before_s=failure["start_s"],
+                           after_s=failure.get("start_after_s"))
                 report.add(f"rejoin {ended}", measured, "s", predicted_s=rejoin_pred,
-                           start_s=failure["start_s"])
+                           start_s=start_s)
                 report.ratios[f"rejoin_measured_over_predicted_{ended}"] = measured / rejoin_pred
 
 
@@ -234,6 +253,8 @@ def run(quick: bool = False) -> Report:
             chaos_run = runs.run_ft(Path(tmp, "chaos"), failures=len(kinds), seed=1,
                                     kinds=kinds, in_order=True, hang_ends=(signal.SIGKILL,),
                                     gap_s=gap_s, before=probe, steps=settings.steps,
+                                    after=None if quick else lambda k: {
+                                        "start_after_s": probe(k)["start_s"]},
                                     step_seconds=step_s, deadline_s=settings.deadline_s)
         report.add("chaos run", chaos_run["seconds"], "s", failures=[
             f["what"] for f in chaos_run["failures"]], failed_checks=[
@@ -250,6 +271,12 @@ def run(quick: bool = False) -> Report:
             report.ratios["torchrun_recovery_s"] = torchrun["lost_s"]
             report.ratios["torchrun_over_ft_recovery"] = torchrun["lost_s"] / ft
             progress.advance("torchrun recovery", [("torchrun lost", torchrun["lost_s"], "s")])
+            from ddpguide.cluster.netns import missing_prerequisite
+
+            if missing_prerequisite() is None:
+                failures_cluster.run(report, Path(tmp, "cluster"), settings, stall_predicted_s)
+            else:
+                report.notes.append(f"no cluster run: {missing_prerequisite()}")
 
         cost = cadence.checkpoint_cost(8 if quick else 32, 1 if quick else 3)
         for name in ("sync_s", "async_stall_s", "async_total_s"):

@@ -32,15 +32,20 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"chaos: comma-separated, of {','.join(chaos.KINDS)}")
     parser.add_argument("--max-restarts", type=int, default=5)
     parser.add_argument("--deadline", type=float, default=180.0)
+    parser.add_argument("--cluster", default="", help="a live cluster's id (python -m "
+                        "ddpguide.cluster up): a group a node, the lighthouse on node 0")
     args = parser.parse_args(argv)
     settings = engine.Settings(groups=args.groups, group_size=args.group_size, steps=args.steps,
                                step_seconds=args.step_seconds, seed=args.seed,
-                               max_restarts=args.max_restarts, deadline_s=args.deadline)
+                               max_restarts=args.max_restarts, deadline_s=args.deadline,
+                               cluster=args.cluster)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     folder = Path(args.folder)
     problem = settings.problem()
     if problem is None and (not kinds or not set(kinds) <= set(chaos.KINDS)):
         problem = f"--kinds {args.kinds}: each one of {','.join(chaos.KINDS)}"
+    if problem is None and kinds == ("link",) and not args.cluster:
+        problem = "--kinds link: a link is cut on a cluster only (give --cluster ID)"
     if problem is None and args.failures < 0:
         problem = f"--failures {args.failures}: 0 or more"
     if problem is None and folder.exists():

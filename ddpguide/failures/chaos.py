@@ -7,7 +7,16 @@ ends by the default action, its sockets closed by the kernel, as a rank does tha
 an error), ``hang`` (SIGSTOP past the timeouts, then SIGKILL or SIGCONT), ``lighthouse``
 (killed, started again at the same address), ``heal`` (a rank killed, then its replacement
 killed as soon as it has started, while it joins and heals), ``quorum`` (a rank killed just
-after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more).
+after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more),
+``link`` (on a cluster only: the link of a group's node taken down, past the timeouts, then
+brought back up; never node 0's, which holds the lighthouse).
+
+A cut link is restored rather than left dead: with its link down a group reaches neither the
+lighthouse nor its peers, so every process torchrun started in its place would fail the same
+way and use up its restarts; a link that comes back (a flapping cable, a rebooted switch) is
+what a group can recover from. Its processes are not killed: they fail their collective or
+quorum on their own, join the next quorum once the link is back and heal from a live peer
+(or exit on the error and are restarted by torchrun, which heals them the same way).
 """
 
 from __future__ import annotations
@@ -20,7 +29,9 @@ from collections.abc import Callable
 from ddpguide.core.processes import signal_all
 from ddpguide.failures import engine
 
-KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term")
+KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term", "link")
+#: the failure entries a stopped peer leaves the survivors (they wait for it, no socket closed)
+SILENT = ("SIGSTOP", "link down")
 
 
 class Chaos:
@@ -29,12 +40,16 @@ class Chaos:
     def __init__(self, job: engine.Job, seed: int, kinds: tuple[str, ...] = KINDS,
                  gap_s: tuple[float, float] = (1.0, 3.0), in_order: bool = False,
                  hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
-                 before: Callable[[str], dict] | None = None):
+                 before: Callable[[str], dict] | None = None,
+                 after: Callable[[str], dict] | None = None):
         self.job, self.rng, self.gap_s, self.in_order = job, random.Random(seed), gap_s, in_order
         self.hang_ends = hang_ends     # what ends a hang: drawn from these
         self.before = before           # called with the kind just before each failure: its
         self._extra: dict = {}         # keys go into that failure's log entries
-        self.kinds = tuple(k for k in kinds if k != "two" or job.settings.groups >= 3)
+        self.after = after             # the same, called once every group is back after it
+        self._pending: tuple[int, str] | None = None   # (first log entry, kind) awaiting it
+        self.kinds = tuple(k for k in kinds if (k != "two" or job.settings.groups >= 3)
+                           and (k != "link" or job.cluster is not None))
         self.log: list[dict] = []
 
     def rows(self) -> list[dict]:
@@ -72,19 +87,33 @@ class Chaos:
                 if time.monotonic() > until_s or not self.job.running():
                     return self.log
                 time.sleep(0.05)
+            self._after_last()
             time.sleep(self.rng.uniform(*self.gap_s))
             if self._near_the_end(margin) or time.monotonic() > until_s:
                 break
             kind = self.kinds[i % len(self.kinds)] if self.in_order else self.rng.choice(self.kinds)
             self._extra = self.before(kind) if self.before else {}
+            self._pending = (len(self.log), kind)
             self.inject(kind, until_s)
         return self.log
+
+    def _after_last(self) -> None:
+        """``after(kind)`` for the last failure, once its group is back; its keys go into that
+        failure's entries."""
+        if self.after is not None and self._pending is not None:
+            first, kind = self._pending
+            extra = self.after(kind)
+            for entry in self.log[first:]:
+                entry.update(extra)
+        self._pending = None
 
     def end_soon(self, until_s: float, margin: int) -> None:
         """Once every group is back (or at ``until_s``), end the run ``margin`` steps past the
         furthest group, so that it lasts as long as its failures need and no longer."""
         while not self._healthy() and time.monotonic() < until_s and self.job.running():
             time.sleep(0.05)
+        if self._healthy():
+            self._after_last()
         steps = [r["step"] for r in self.rows() if r["event"] == "step"]
         engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
 
@@ -96,7 +125,18 @@ class Chaos:
             time.sleep(0.2)
             self.job.start_lighthouse()      # the same port: the Managers retry their quorum
             return
-        victims = self.rng.sample(range(groups), 2 if kind == "two" else 1)
+        victims = self.rng.sample(range(1 if kind == "link" else 0, groups),
+                                  2 if kind == "two" else 1)
+        if kind == "link":
+            pids = self.job.ranks_of(victims[0])
+            try:
+                self.job.set_link(victims[0], up=False)
+                self._note("link down", victims, pids)
+                time.sleep(self.job.settings.timeout_s + 1.0)   # past every timeout
+            finally:
+                self.job.set_link(victims[0], up=True)
+            self._note("link up", victims, pids, after="link down")
+            return
         pids = [p for p in (self._rank(g, until_s) for g in victims) if p is not None]
         if kind == "quorum":                 # just after a step: the next quorum is forming
             seen = len(self.rows())

@@ -6,6 +6,15 @@ every process it starts carries the runner's marker variable; a reaper process k
 carries it if this process dies without stopping them (SIGKILL leaves no time to). After
 the run the ranks' JSON lines become one report, written whole (a temporary file, then a
 rename) in the ``launch.report`` contract: one check per invariant, and the rows.
+
+Placement (``Settings.cluster``): empty, everything on this machine's loopback; the run id of
+a live cluster of chapter 15 (``ddpguide.cluster``), group g on node g and the lighthouse on
+node 0, each started inside its node's namespaces (``Cluster.prefix``) with the node's
+interface for gloo. Then every address a process is given is a node's: the lighthouse's, and
+each group's torchrun rendezvous (c10d at its node's address, so that the store torchft's
+quorums meet in is reachable from the other nodes); the nodes' names resolve to their
+addresses inside every node (the cluster's hosts files), so the Managers' own addresses
+(their host names) do too.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpguide.cluster.cluster import Cluster, chosen
+from ddpguide.cluster.spec import Node
 from ddpguide.core.processes import alive, descendants, processes_with_env, store_port
 from ddpguide.launch import programs
 from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
@@ -47,6 +58,7 @@ class Settings:
     quorum_tick_ms: int = 100
     deadline_s: float = 180.0
     extra: tuple[str, ...] = field(default_factory=tuple)
+    cluster: str = ""               # a live cluster's run id: a group a node (module docstring)
 
     def problem(self) -> str | None:
         """Why these settings cannot run (one line), or None."""
@@ -60,6 +72,14 @@ class Settings:
             return f"--steps {self.steps}: at least 1"
         if self.max_restarts < 0 or self.deadline_s <= 0 or self.step_seconds < 0:
             return "--max-restarts, --step-seconds must be 0 or more and --deadline positive"
+        if self.cluster:
+            try:
+                nodes = len(chosen(self.cluster).nodes)
+            except LookupError as e:
+                return str(e)
+            if nodes < self.groups:
+                return (f"--cluster {self.cluster}: {nodes} nodes for {self.groups} groups "
+                        "(a group a node)")
         return None
 
 
@@ -72,10 +92,15 @@ def lighthouse_argv(settings: Settings, port: int) -> list[str]:
             "--quorum_tick_ms", str(settings.quorum_tick_ms)]
 
 
-def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path) -> list[str]:
-    """The torchrun command of one replica group."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--rdzv-endpoint=127.0.0.1:{rdzv_port}", f"--nproc-per-node={settings.group_size}",
+def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path,
+               node: Node | None = None) -> list[str]:
+    """The torchrun command of one replica group: on one machine ``--standalone``; on a
+    cluster's ``node``, a rendezvous of one node at the node's address."""
+    rendezvous = (["--standalone", f"--rdzv-endpoint=127.0.0.1:{rdzv_port}"] if node is None else
+                  ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-id=group{group}",
+                   f"--rdzv-endpoint={node.address}:{rdzv_port}"])
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous,
+            f"--nproc-per-node={settings.group_size}",
             f"--max-restarts={settings.max_restarts}", "--monitor-interval=0.1",
             f"--log-dir={folder / 'torchrun' / f'group{group}'}",
             str(programs.path_of(PROGRAM)), "--rows", str(folder / "rows"),
@@ -88,10 +113,25 @@ def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path) -> 
             *settings.extra]
 
 
-def group_env(group: int, groups: int, lighthouse: str) -> dict[str, str]:
+def group_env(group: int, groups: int, lighthouse: str, node: Node | None = None) -> dict[str, str]:
     return {"REPLICA_GROUP_ID": str(group), "NUM_REPLICA_GROUPS": str(groups),
-            "TORCHFT_LIGHTHOUSE": lighthouse, "GLOO_SOCKET_IFNAME": "lo",
-            "OMP_NUM_THREADS": "1", "RUST_LOG": "error"}
+            "TORCHFT_LIGHTHOUSE": lighthouse, "GLOO_SOCKET_IFNAME": "lo" if node is None
+            else node.ifname, "OMP_NUM_THREADS": "1", "RUST_LOG": "error"}
+
+
+def listening(pid: int, port: int) -> bool:
+    """True when a socket of process ``pid``'s network namespace listens on ``port`` (its
+    ``/proc/PID/net/tcp`` tables: read from outside a node's namespace, no client needed)."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
 
 
 class Job:
@@ -102,8 +142,10 @@ class Job:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.ranks = Ranks(workdir=self.folder)
+        self.cluster: Cluster | None = chosen(settings.cluster) if settings.cluster else None
         self.lighthouse_port = store_port()   # below the ephemeral range: no client takes it
-        self.lighthouse_url = f"http://127.0.0.1:{self.lighthouse_port}"
+        host = "127.0.0.1" if self.cluster is None else self.cluster.nodes[0].address
+        self.lighthouse_url = f"http://{host}:{self.lighthouse_port}"
         self.commands: list[str] = []
         self.reaper: subprocess.Popen | None = None
         self.lighthouse = -1
@@ -117,7 +159,7 @@ class Job:
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
         self.start_lighthouse()
         deadline = time.monotonic() + 60   # a loaded machine: seconds before it listens
-        while not programs.load(PROGRAM).lighthouse_reachable(self.lighthouse_url, 0.2):
+        while not self.lighthouse_listens():
             if time.monotonic() > deadline or not self.ranks.alive(self.lighthouse):
                 self.ranks.tail.poll()
                 raise RuntimeError(f"the lighthouse did not start (exit status "
@@ -125,20 +167,42 @@ class Job:
                                    f"{self.lighthouse_port}):\n{self.ranks.ended().output}")
             time.sleep(0.05)
         for g in range(self.settings.groups):
-            argv = group_argv(self.settings, g, store_port(), self.folder)
-            env = group_env(g, self.settings.groups, self.lighthouse_url)
+            node = self.node_of(g)
+            argv = group_argv(self.settings, g, store_port(), self.folder, node)
+            env = group_env(g, self.settings.groups, self.lighthouse_url, node)
             self.commands.append(" ".join([*(f"{k}={env[k]}" for k in list(env)[:3]),
                                            "torchrun", *argv[3:]]))
             self.agents.append(self.ranks.start(Command(argv, env=env, cwd=str(self.folder),
-                                                        name=f"group{g}")))
+                                                        name=f"group{g}",
+                                                        prefix=self.prefix(node))))
         return self
+
+    def node_of(self, group: int) -> Node | None:
+        """The node ``group`` runs on (None: this machine); node 0 for the lighthouse."""
+        return None if self.cluster is None else self.cluster.nodes[group]
+
+    def prefix(self, node: Node | None) -> list[str]:
+        return [] if self.cluster is None or node is None else self.cluster.prefix(node)
+
+    def lighthouse_listens(self) -> bool:
+        if self.cluster is None:
+            return programs.load(PROGRAM).lighthouse_reachable(self.lighthouse_url, 0.2)
+        return listening(self.ranks.pid(self.lighthouse), self.lighthouse_port)
+
+    def set_link(self, group: int, up: bool) -> None:
+        """Take the link of ``group``'s node down (a cable pulled), or bring it back up."""
+        node = self.node_of(group)
+        if self.cluster is None or node is None:
+            raise ValueError("a link is cut on a cluster only (Settings.cluster)")
+        self.cluster.set_link(node, up)
 
     def start_lighthouse(self) -> None:
         argv = lighthouse_argv(self.settings, self.lighthouse_port)
         if not self.commands:
             self.commands.append(" ".join(["torchft_lighthouse", *argv[1:]]))
         self.lighthouse = self.ranks.start(Command(argv, cwd=str(self.folder), name="lighthouse",
-                                                   env={"RUST_LOG": "error"}))
+                                                   env={"RUST_LOG": "error"},
+                                                   prefix=self.prefix(self.node_of(0))))
 
     def ranks_of(self, group: int) -> list[int]:
         """The pids of the training ranks of ``group`` now: the children of its torchrun agent."""

@@ -32,10 +32,11 @@ def stall_bound_s(settings: engine.Settings) -> float:
 def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0, seed: int = 0,
         kinds: tuple[str, ...] = chaos.KINDS, margin: int = 10, in_order: bool = False,
         hang_ends: tuple[signal.Signals, ...] = (signal.SIGKILL, signal.SIGCONT),
-        gap_s: tuple[float, float] = (1.0, 3.0), before=None) -> dict:
+        gap_s: tuple[float, float] = (1.0, 3.0), before=None, after=None) -> dict:
     """Run, inject ``failures`` failures drawn from ``seed`` (of ``kinds`` in turn when
     ``in_order``; a hang ended by one of ``hang_ends``; each a random ``gap_s`` after every
-    group is back, and after ``before(kind)``, whose keys go into the failure's entries; once
+    group is back, and after ``before(kind)``, whose keys go into the failure's entries, as
+    do ``after(kind)``'s, called once every group is back after the failure; once
     they are done and every group is back, the run ends ``margin`` steps later, before
     --steps), check; the report as read back."""
     folder = Path(folder)
@@ -46,7 +47,7 @@ def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0,
         job.start()
         log: list[dict] = []
         if failures:
-            trouble = chaos.Chaos(job, seed, kinds, gap_s, in_order, hang_ends, before)
+            trouble = chaos.Chaos(job, seed, kinds, gap_s, in_order, hang_ends, before, after)
             log = trouble.run(failures, until, margin)
             trouble.end_soon(until, margin)
         finished = job.wait(until)

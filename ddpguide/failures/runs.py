@@ -31,15 +31,16 @@ PROGRAM = "ft_train.py"
 def run_ft(folder: str | Path, failures: int = 0, seed: int = 0,
            kinds: tuple[str, ...] = ("kill",), in_order: bool = False,
            hang_ends: tuple[int, ...] = (signal.SIGKILL, signal.SIGCONT),
-           gap_s: tuple[float, float] = (1.0, 3.0), before=None, **settings: object) -> dict:
+           gap_s: tuple[float, float] = (1.0, 3.0), before=None, after=None,
+           **settings: object) -> dict:
     """``ft_train.py`` under the engine (lighthouse + one torchrun per group) in ``folder``,
-    with ``failures`` failures of ``kinds`` from ``seed`` (``before``: see ``run.run``); the
+    with ``failures`` failures of ``kinds`` from ``seed`` (``before``, ``after``: see ``run.run``); the
     checked report."""
     from ddpguide.failures import engine, run
 
     return run.run(engine.Settings(**settings), folder, failures, seed, kinds,  # type: ignore[arg-type]
                    in_order=in_order, hang_ends=tuple(signal.Signals(s) for s in hang_ends),
-                   gap_s=gap_s, before=before)
+                   gap_s=gap_s, before=before, after=after)
 
 
 class StartProbe:

@@ -68,6 +68,10 @@ def test_a_stall_is_predicted_from_the_timeouts_and_where_the_failure_landed():
     assert failures.stall_predicted_s(report, stop, settings) == pytest.approx(5 + 0.1 + 0.05)
     outside = _survivor_report([{"group": 1, "time": 10.3, "participants": 1}])
     assert failures.stall_predicted_s(outside, stop, settings) == pytest.approx(1.15 + 0.05)
+    # a cut link silences the node as SIGSTOP does: the same two cases
+    cut = {**stop, "what": "link down"}
+    assert failures.stall_predicted_s(report, cut, settings) == pytest.approx(5 + 0.1 + 0.05)
+    assert failures.stall_predicted_s(outside, cut, settings) == pytest.approx(1.15 + 0.05)
     # rejoin: from the signal to the group's first heal after it
     assert failures.rejoin_measured_s(report, kill) == pytest.approx(17.0 - 10.05)
     assert failures.rejoin_measured_s(report, {**kill, "time": 18.0}) is None

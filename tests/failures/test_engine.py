@@ -41,7 +41,8 @@ def test_the_program_refuses_bad_options_in_one_line(args, message, tmp_path, ca
 ENGINE_BAD = [
     (["--groups", "1"], "--groups 1: at least 2 (a survivor to heal from)"),
     (["--group-size", "3"], "--group-size 3: 1 (DDP) or 2 (FSDP2 in the group)"),
-    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two,term"),
+    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two,term,link"),
+    (["--kinds", "link"], "--kinds link: a link is cut on a cluster only (give --cluster ID)"),
     (["--failures", "-1"], "--failures -1: 0 or more"),
 ]
 
@@ -52,6 +53,16 @@ def test_the_engine_refuses_bad_options_in_one_line(args, message, tmp_path, cap
         main(["chaos", str(tmp_path / "run"), *args])
     assert ended.value.code == 2
     assert capsys.readouterr().err == f"python -m ddpguide.failures: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_engine_refuses_a_cluster_that_is_not_running(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["chaos", str(tmp_path / "run"), "--cluster", "nosuch", "--kinds", "link"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m ddpguide.failures: error: argument --cluster: no live "
+                          "cluster 'nosuch' (live: ") and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
 
 
