@@ -167,7 +167,7 @@ GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel
 # Left out, for what the simulation cannot see:
 # 07, whose DDP model has SyncBatchNorm on GPUs (DDP refuses it on the host module the simulation
 # keeps); 09, whose CUDA mesh is a CPU mesh here, so mesh_device() gives the host and the world's
-# nccl group refuses it. 18's Slurm jobs never see the simulation: client_env() drops DDPGUIDE_*.
+# nccl group refuses it. 18 (98 s at load 1) includes its Slurm jobs: client_env() keeps the simulation's variables.
 GPU_SIM_ALL_CHAPTERS ?= book/appendix_measurements.ipynb book/01_spawn_ddp.ipynb \
 	book/02_collectives.ipynb book/03_torchrun.ipynb book/04_elastic.ipynb \
 	book/05_model_parallel.ipynb book/06_sbp.ipynb $(GPU_SIM_CHAPTERS) book/10_debugging.ipynb \
