@@ -19,11 +19,12 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
 * ``torch.cuda.is_bf16_supported()`` is True, or False with ``DDPGUIDE_SIMULATE_GPU_BF16=0``
   (a GPU older than compute capability 8.0);
 * CUDA-only calls (``synchronize``, ``Event``, memory statistics and
-  properties, ``set_device``) are stubs
-  that are recorded, and a ``time.perf_counter()`` read by the program while GPU work is
-  queued (a collective or a backward pass on the GPU, and no ``synchronize``, event or host
-  copy since) is reported: on a GPU that timer
-  measures the launches, not the work.
+  properties, ``set_device``; streams, one current stream per device, ``torch.Stream`` and
+  ``torch.Event`` on the accelerator, ``torch.accelerator``'s device index) are stubs
+  that are recorded; the simulation's own frames are never compiled by ``torch.compile``;
+* a ``time.perf_counter()`` read by the program while GPU work is queued (a collective or
+  a backward pass on the GPU, and no ``synchronize``, event or host copy since) is reported:
+  on a GPU that timer measures the launches, not the work.
 
 What it cannot see: kernels, the streams' real concurrency, torch's own internals on a GPU
 (FSDP2's streams, DTensor on a CUDA mesh, which runs on a CPU mesh here, compiled kernels),
@@ -65,6 +66,14 @@ def _set_device(device: Any) -> None:
         sim.STATE.current = index
 
 
+def _current_stream(state: State, streams: dict[int, gpusim_placement.Stream]) -> Any:
+    def current_stream(device: Any = None) -> gpusim_placement.Stream:
+        index = sim.cuda_index(device if device is not None else "cuda", state)
+        index = state.current if index is None else index
+        return streams.setdefault(index, gpusim_placement.Stream(index))
+    return current_stream
+
+
 _MEMORY = 80 * 2**30  # a simulated GPU's memory, all of it free
 
 
@@ -93,11 +102,18 @@ def install(gpus: int) -> State:
     cuda.current_device = lambda: state.current
     cuda.synchronize = gpusim_nccl.synchronize
     setattr(cuda, "Event", gpusim_placement.Event)  # noqa: B010
-    # one function per name: Dynamo keeps a handler per torch function, and refuses two for one
-    for module, name in ((cuda, "current_stream"), (cuda, "default_stream"), (cuda, "stream"),
+    # one function per name: Dynamo keeps a handler per torch function, and refuses two for
+    # one; a device's current (and default) stream is one object, as torchft's Manager asserts
+    streams: dict[int, gpusim_placement.Stream] = {}
+    for module, name in ((cuda, "current_stream"), (cuda, "default_stream"),
                          (torch.accelerator, "current_stream")):
-        setattr(module, name, lambda *a, **k: gpusim_placement.Stream())
+        setattr(module, name, _current_stream(state, streams))
+    setattr(cuda, "stream", lambda stream=None: stream if stream is not None else gpusim_placement.Stream())  # noqa: B010  # a context
     setattr(cuda, "Stream", gpusim_placement.Stream)  # noqa: B010  # type: ignore[assignment,misc]
+    setattr(torch, "Stream", gpusim_placement.GenericStream)  # noqa: B010  # torch.Stream("cuda")
+    setattr(torch, "Event", gpusim_placement.GenericEvent)  # noqa: B010  # torchft's DiLoCo
+    torch.accelerator.current_device_index = lambda: state.current  # torchft's Manager asks
+    torch.accelerator.set_device_index = _set_device
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
                  "max_memory_reserved"):
         setattr(cuda, name, _stub(name, 0))
@@ -118,7 +134,45 @@ def install(gpus: int) -> State:
     time.perf_counter = gpusim_nccl.timer(time.perf_counter)
     gpusim_nccl.patch_dist()
     gpusim_placement.Placement(state).__enter__()  # type: ignore[no-untyped-call]
+    _hide_from_dynamo()
     return state
+
+
+def _codes(value: Any, seen: set[int]) -> Any:
+    """The code objects of a function, of a class's methods and properties, and nested ones."""
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    if isinstance(value, type):
+        for item in vars(value).values():
+            yield from _codes(item, seen)
+    elif isinstance(value, property):
+        yield from _codes(value.fget, seen)
+    elif isinstance(value, (staticmethod, classmethod)):
+        yield from _codes(value.__func__, seen)
+    elif hasattr(value, "__code__"):
+        yield from _codes(value.__code__, seen)
+    elif isinstance(value, type(_codes.__code__)):
+        yield value
+        for const in value.co_consts:
+            yield from _codes(const, seen)
+
+
+def _hide_from_dynamo() -> None:
+    """Dynamo compiles every Python frame outside torch that runs under ``torch.compile``, so
+    the simulation's own (its torch-function mode's ``__torch_function__``, entered by each
+    torch call of an eager DDP or nn.Sequential, its stubs and streams) would become graphs
+    that a GPU never compiles. Their frames are skipped (each still inlined where Dynamo
+    traces the caller); the flag is torch's C one, so Dynamo itself is not imported here."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    from ddpguide.core import collective_devices
+    seen: set[int] = set()
+    for module in (sys.modules[__name__], gpusim_placement, gpusim_nccl, sim, collective_devices):
+        for value in list(vars(module).values()):
+            if getattr(value, "__module__", None) == module.__name__:
+                for code in _codes(value, seen):
+                    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
 
 def install_from_environ() -> State | None:

@@ -79,11 +79,24 @@ class Placement(TorchFunctionMode):
         return out
 
 
-class Event:
-    """``torch.cuda.Event`` on the CPU: records a time; ``synchronize`` ends the queue."""
+_GENERIC_STREAM, _GENERIC_EVENT = torch.Stream, torch.Event  # torch's own, before they are replaced
+
+
+class Event(torch.Event):
+    """``torch.cuda.Event`` on the CPU: records a time; ``synchronize`` ends the queue. A
+    ``torch.Event`` underneath (a CPU one), so ``isinstance(e, torch.Event)`` holds."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Event:
+        return super().__new__(cls, device="cpu")
 
     def __init__(self, enable_timing: bool = False, **_: Any):
+        assert sim.STATE is not None
         self.t = 0.0
+        self._device = torch.device("cuda", sim.STATE.current)
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._device
 
     def record(self, stream: Any = None) -> None:
         assert sim.STATE is not None
@@ -101,16 +114,46 @@ class Event:
     def query(self) -> bool:
         return True
 
-    def elapsed_time(self, end: Event) -> float:
-        return (end.t - self.t) * 1000.0
+    def elapsed_time(self, end: Any) -> float:
+        return float(end.t - self.t) * 1000.0
 
 
-class Stream:
-    """``torch.cuda.Stream`` on the CPU: one queue; waiting on it ends the queue."""
+class Stream(torch.Stream):
+    """``torch.cuda.Stream`` on the CPU: one queue; waiting on it ends the queue. A
+    ``torch.Stream`` underneath (a CPU one), so ``isinstance(s, torch.Stream)`` holds, as
+    Dynamo and torchft ask; equal only to itself, as two CUDA streams are."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __new__(cls, *args: Any, **kwargs: Any) -> Stream:
+        return super().__new__(cls, device="cpu")
+
+    def __init__(self, device: Any = None, *args: Any, **kwargs: Any):
         assert sim.STATE is not None
-        self.device = torch.device("cuda", sim.STATE.current)
+        index = sim.cuda_index(device, sim.STATE) if device is not None else None
+        self._device = torch.device("cuda", sim.STATE.current if index is None else index)
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._device
+
+    @property
+    def device_type(self) -> str:  # type: ignore[override]
+        return "cuda"
+
+    @property
+    def device_index(self) -> int:  # type: ignore[override]
+        return int(self._device.index or 0)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"simulated Stream(device={self._device})"
+
+    def query(self) -> bool:
+        return True
 
     def is_capturing(self) -> bool:
         return False
@@ -126,7 +169,7 @@ class Stream:
     def wait_event(self, event: Any) -> None:
         pass
 
-    def record_event(self, event: Event | None = None) -> Event:
+    def record_event(self, event: Event | None = None) -> Event:  # type: ignore[override]
         event = event or Event()
         event.record()
         return event
@@ -136,3 +179,39 @@ class Stream:
 
     def __exit__(self, *exc: Any) -> None:
         pass
+
+
+class _TorchsType(type):
+    """``isinstance`` and ``issubclass`` as torch's own class (``torch_class``) answers them."""
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, cls.torch_class)  # type: ignore[attr-defined]
+
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return issubclass(sub, cls.torch_class)  # type: ignore[attr-defined]
+
+
+class GenericStream(metaclass=_TorchsType):
+    """``torch.Stream(device)``: a simulated :class:`Stream` for ``cuda`` or the accelerator
+    (no device), torch's own for another device."""
+
+    torch_class = _GENERIC_STREAM
+
+    def __new__(cls, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        if device is None or sim.cuda_index(device, sim.STATE) is not None:
+            return Stream(device)
+        return _GENERIC_STREAM(device, *args, **kwargs)
+
+
+class GenericEvent(metaclass=_TorchsType):
+    """``torch.Event(device)``, as torchft's DiLoCo makes one: a simulated :class:`Event` for
+    ``cuda`` or the accelerator, torch's own for another device."""
+
+    torch_class = _GENERIC_EVENT
+
+    def __new__(cls, device: Any = None, **kwargs: Any) -> Any:
+        assert sim.STATE is not None
+        if device is None or sim.cuda_index(device, sim.STATE) is not None:
+            return Event(enable_timing=bool(kwargs.get("enable_timing", False)))
+        return _GENERIC_EVENT(device, **kwargs)

@@ -37,13 +37,16 @@ MUNGE_SOCKET_DIR = Path("/run/munge")
 #: variables of the network cluster's commands that name one node's interface: a task that
 #: Slurm starts on another node must not inherit them
 NODE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: the simulated GPU machine's (ddpguide.core.gpusim_state), kept: a job sees the machine too
+SIMULATION_VARIABLES = ("DDPGUIDE_SIMULATE_GPUS", "DDPGUIDE_SIMULATE_GPU_BF16", "DDPGUIDE_GPUSIM_LOG")
 
 
 def client_env(layout: Layout, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of ``sinfo``/``srun``/``sbatch``: ``SLURM_CONF`` naming the cluster's
     configuration, this interpreter's folder first on ``PATH`` (for ``torchrun``)."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in NODE_VARIABLES and not k.startswith(("DDPGUIDE_", "SLURM_"))}
+           if k not in NODE_VARIABLES and not k.startswith(("DDPGUIDE_", "SLURM_"))
+           or k in SIMULATION_VARIABLES}
     env["SLURM_CONF"] = str(layout.conf)
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "/usr/bin:/bin")])
     env.setdefault("OMP_NUM_THREADS", "1")

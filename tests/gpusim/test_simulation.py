@@ -158,3 +158,48 @@ def test_torch_compile_traces_on_the_simulated_machine(tmp_path):
         "print(torch.equal(torch.compile(m, backend='aot_eager')(x), m(x)))\n"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True"]
+
+
+def test_torchfts_stream_and_device_calls_answer_as_on_a_gpu(tmp_path):
+    """torchft 0.2.0's Manager makes ``torch.Stream()`` streams, sets the device index back
+    after a quorum and asserts that the current stream is the one it began with; its DiLoCo
+    records a ``torch.Event()`` at each sync."""
+    done = python(tmp_path, (
+        "import torch\n"
+        "s = torch.Stream(torch.accelerator.current_accelerator())\n"
+        "print(s.device, torch.Stream().device, isinstance(s, torch.Stream),"
+        " isinstance(torch.Stream('cpu'), torch.Stream), torch.Stream('cpu').device)\n"
+        "zero = torch.accelerator.current_stream()\n"
+        "torch.accelerator.set_device_index(1)\n"
+        "one = torch.accelerator.current_stream()\n"
+        "print(torch.accelerator.current_device_index(), one.device, one is torch.cuda.current_stream(),"
+        " one == torch.accelerator.current_stream(), one == zero, s == torch.Stream())\n"
+        "e = torch.Event()\n"
+        "e.record(); e.synchronize()\n"
+        "print(e.device, isinstance(e, torch.Event), e.query(), torch.Event('cpu').device)\n"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["cuda:0", "cuda:0", "True", "True", "cpu",
+                                   "1", "cuda:1", "True", "True", "False", "False",
+                                   "cuda:1", "True", "True", "cpu"]
+
+
+def test_an_eager_module_under_torch_compile_compiles_no_graph_of_the_simulation(tmp_path):
+    """Each torch call of an eager module enters the simulation's torch-function mode: its
+    frame must not become a graph of Dynamo's (chapter 1 asserts none for DDP(nn.Sequential)),
+    while a module of user code still compiles, with the mode inlined."""
+    done = python(tmp_path, (
+        ONE_RANK.replace('"nccl"', '"gloo"') +
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "graphs = []\n"
+        "def count(gm, inputs):\n"
+        "    graphs.append(gm)\n"
+        "    return gm.forward\n"
+        "class User(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x) * 2\n"
+        "torch.compile(DDP(torch.nn.Sequential(torch.nn.Linear(4, 4))), backend=count)(torch.ones(2, 4))\n"
+        "print(len(graphs))\n"
+        "y = torch.compile(User(), backend=count)(torch.ones(2, device=device))\n"
+        "print(y.device, y.sum().item(), len(graphs))\n"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "cuda:0", "4.0", "1"]

@@ -18,6 +18,14 @@ def test_a_task_on_another_node_inherits_no_interface_of_node0():
                    "SLURM_CONF": "/run/ddpguide-slurm/abcde/slurm.conf", "OMP_NUM_THREADS": "1"}
 
 
+def test_a_job_sees_the_simulated_gpu_machine_of_its_submitter():
+    from ddpguide.core import gpusim_state
+
+    kept = {gpusim_state.ENV: "2", gpusim_state.BF16_ENV: "0", gpusim_state.LOG_ENV: "/tmp/log"}
+    env = daemons.client_env(Layout(Path("/run/ddpguide-slurm/abcde")), {**kept, "DDPGUIDE_NODE_RANK": "1"})
+    assert {k: v for k, v in env.items() if k.startswith("DDPGUIDE_")} == kept
+
+
 def test_a_pid_file_counts_only_while_its_process_is_that_daemon(tmp_path):
     pid_file = tmp_path / "slurmd.pid"
     pid_file.write_text(f"{os.getpid()}\n")  # this process: alive, but not a slurmd
