@@ -68,7 +68,9 @@ def cmd_up(args: object) -> int:
     missing = netns.missing_prerequisite()
     if missing:
         return fail(missing)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # SIGINT too: a shell starts a background job with SIGINT ignored, and Python then keeps
+    # it ignored, so `kill -INT` of a held cluster would leave it up until --hold ends
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     run_id = "?"
     try:

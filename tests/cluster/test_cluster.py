@@ -120,8 +120,11 @@ def test_a_failure_while_making_leaves_nothing(monkeypatch):
     assert (set(netns.package_namespaces()), set(netns.package_configs())) == before
 
 
-def start_command(hold: str = "30") -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "ddpguide.cluster", "up", "--hold", hold],
+def start_command(hold: str = "30", ignoring_sigint: bool = False) -> tuple[subprocess.Popen[str], str]:
+    argv = [sys.executable, "-m", "ddpguide.cluster", "up", "--hold", hold]
+    if ignoring_sigint:  # as a shell starts a background job: SIGINT ignored, kept by exec
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    proc = subprocess.Popen(argv,
                             cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     first = proc.stdout.readline()  # "cluster ID: ..."
@@ -132,8 +135,9 @@ def start_command(hold: str = "30") -> tuple[subprocess.Popen[str], str]:
 
 
 @needs_root
-def test_ctrl_c_removes_everything():
-    proc, run_id = start_command()
+@pytest.mark.parametrize("ignoring_sigint", [False, True], ids=["foreground", "background-job"])
+def test_ctrl_c_removes_everything(ignoring_sigint):
+    proc, run_id = start_command(ignoring_sigint=ignoring_sigint)
     try:
         assert len(namespaces_of(run_id)) == 3
         proc.send_signal(signal.SIGINT)
