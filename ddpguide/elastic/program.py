@@ -12,7 +12,6 @@ then fails within seconds on the key that nobody writes.
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from ddpguide.core import scratch
 from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
+from ddpguide.launch.report import read_log
 from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, node_devices, run_agents
 
 PROGRAM = "elastic_train.py"
@@ -44,15 +44,9 @@ class JoinRun:
         return option.partition("=")[2]
 
     def records(self) -> list[dict]:
-        """The program's epoch log: one dict per finished epoch, in the order written."""
+        """The program's epoch log (a live log: :func:`ddpguide.launch.report.read_log`): one
+        dict per finished epoch, in the order written."""
         return read_log(self.workdir / LOG)
-
-
-def read_log(path: Path) -> list[dict]:
-    """JSON lines of ``path`` (none if it does not exist yet; a half-written line is skipped)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def agent_settings(port: int, nproc_per_node: int = 1, share_store: bool = False,

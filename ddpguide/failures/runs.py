@@ -8,7 +8,6 @@ torchrun stops the other worker, starts both again, and they reload the checkpoi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import descendants, signal_all
 from ddpguide.launch import programs
+from ddpguide.launch import report as reports
 from ddpguide.launch.ranks import Command, Ranks
 
 PROGRAM = "ft_train.py"
@@ -191,10 +191,8 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
                 "--checkpoint", str(folder / "checkpoint.pt"), "--epoch-log", str(log)]
         arrivals: list[tuple[float, dict]] = []
 
-        def poll() -> None:
-            if log.exists():
-                lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-                arrivals.extend((time.time(), json.loads(ln)) for ln in lines[len(arrivals):])
+        def poll() -> None:  # the epoch log is a live log (launch.report.read_log)
+            arrivals.extend((time.time(), e) for e in reports.read_log(log)[len(arrivals):])
 
         with Ranks() as group:
             agent = group.start(Command(argv, cwd=str(folder),
