@@ -49,6 +49,15 @@ def test_a_report_is_required_after_success_and_read_if_there_after_failure(fake
     assert failed(programs.run("writes.py", "1", echo=False, expect=1, report=True).report) == ["all equal"]
 
 
+def test_a_run_without_a_report_says_so_in_one_line_when_its_report_is_asked_for(tmp_path):
+    report = {"checks": [], "bytes": [8]}
+    assert programs.ProgramRun("python writes.py 0", 0, "", 0.1, tmp_path, report).reported() is report
+    failed_run = programs.ProgramRun("python silent.py 2 --report report.json", 2, "", 0.1, tmp_path)
+    with pytest.raises(ReportError) as error:
+        failed_run.reported()
+    assert str(error.value) == "`python silent.py 2 --report report.json` (exit status 2): no report"
+
+
 @pytest.mark.multiprocess
 def test_a_report_left_by_an_earlier_run_in_the_folder_is_not_this_run_s(fake_programs, tmp_path):
     programs.run("writes.py", "0", echo=False, report=True, workdir=tmp_path / "run")
