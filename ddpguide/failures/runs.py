@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ddpguide.core.processes import descendants, signal_all
 from ddpguide.launch import programs
 from ddpguide.launch import report as reports
-from ddpguide.launch.ranks import Command, Ranks
+from ddpguide.launch.ranks import Command, Outcome, Ranks
 
 PROGRAM = "ft_train.py"
 
@@ -203,7 +203,7 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
                 return any(predicate(e) for _, e in arrivals)
 
             if group.wait(timeout, until=lambda: seen(lambda e: e["epoch"] >= kill_after_epochs)) \
-                    != "until":
+                    is not Outcome.UNTIL:
                 raise RuntimeError(f"torchrun: no epoch {kill_after_epochs} within {timeout} s:\n"
                                    f"{group.ended().output[-2000:]}")
             workers = _workers(group.pid(agent))
@@ -211,7 +211,7 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
             killed = time.time()
             signal_all(workers[-1:], 9)
             if group.wait(timeout, until=lambda: seen(lambda e: e["restart_count"] >= 1)) \
-                    != "until":
+                    is not Outcome.UNTIL:
                 raise RuntimeError(f"torchrun: no epoch after the kill within {timeout} s:\n"
                                    f"{group.ended().output[-2000:]}")
             group.stop(grace=2.0)
