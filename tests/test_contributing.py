@@ -86,9 +86,19 @@ def contract() -> str:
 
 
 def contract_examples() -> tuple[str, str]:
-    """The section's two blocks: the program, and the package reading its report."""
-    program, reader = re.findall(r"```python\n(.*?)```", contract(), re.S)
+    """The section's first two blocks: the program, and the package reading its report."""
+    program, reader, _ = re.findall(r"```python\n(.*?)```", contract(), re.S)
     return program, reader
+
+
+def test_the_contract_s_live_log_example_reads_whole_lines_only(tmp_path):
+    log_reader = re.findall(r"```python\n(.*?)```", contract(), re.S)[2]
+    log = tmp_path / "epochs.jsonl"
+    log.write_text('{"epoch": 0, "world_size": 1}\n{"epoch": 1, "world_size": 2}\n{"epoch": 2, "wor')
+    exec(log_reader, {"log": log})
+    log.write_text('{"epoch": 0, "world_size": 1}\n{"epoch": 1, "world_size": 2')  # the second unfinished
+    with pytest.raises(AssertionError):
+        exec(log_reader, {"log": log})
 
 
 def test_the_contract_s_example_program_reports_and_the_package_reads_it(tmp_path):
@@ -122,7 +132,7 @@ def test_the_contract_names_only_what_exists():
     for name in re.findall(r"`programs\.(\w+)", text) + re.findall(r"`(\w+)`, ", text):
         if name in {"path_of", "load", "run", "copy_program", "show", "diff"}:
             assert hasattr(programs, name), name
-    for name in ("read", "failed", "ReportError"):
+    for name in ("read", "failed", "ReportError", "read_log"):
         assert f"launch.report.{name}" in text or f"`{name}`" in text
         assert hasattr(report_module, name), name
     assert "PROGRAMS_USED" in text and hasattr(test_layout, "PROGRAMS_USED")

@@ -17,8 +17,9 @@ import uuid
 
 from ddpguide.cluster.cluster import Cluster
 from ddpguide.core import scratch
-from ddpguide.elastic.program import LOG, PROGRAM, agent_settings, program_folder, read_log
+from ddpguide.elastic.program import LOG, PROGRAM, agent_settings, program_folder
 from ddpguide.launch.rank_files import worker_errors
+from ddpguide.launch.report import read_log
 
 #: the c10d rendezvous port, on node 0 (inside the cluster's own namespaces)
 ELASTIC_PORT = 29400

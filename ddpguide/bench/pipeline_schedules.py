@@ -62,9 +62,9 @@ def measure_round(p: dict) -> dict[str, dict]:
         "--blocks", str(p["blocks"]), "--microbatch-size", str(p["microbatch_size"]), "--width", str(p["width"]),
         "--steps", "1", "--time", str(p["time"]), launcher=torchrun(RANKS), timeout=1800,
         echo=False, report=True)
-    assert result.report is not None  # report=True and exit status 0
-    found = {run["schedule"]: run.get("timed") for run in result.report["runs"]}
-    failed = failed_checks(result.report)
+    report = result.reported()
+    found = {run["schedule"]: run.get("timed") for run in report["runs"]}
+    failed = failed_checks(report)
     if failed or any(t is None or len(t["steps"]) != p["time"] for t in found.values()) \
             or len(found) != len(zoo.SCHEDULES):
         raise RuntimeError("the schedules' run did not check out:\n" + "\n".join(result.lines()[-20:]))

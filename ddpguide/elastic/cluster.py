@@ -150,7 +150,7 @@ class LocalCluster:
             self.poll()
             return done()
 
-        return self.group.wait(timeout_s, until=until, all_end=True) == "until" or until()
+        return self.group.wait(timeout_s, until=until, all_end=True) is ranks.Outcome.UNTIL or until()
 
     # -- disturbing -------------------------------------------------------
     def join(self, name: str) -> float:

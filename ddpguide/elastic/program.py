@@ -12,7 +12,6 @@ then fails within seconds on the key that nobody writes.
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from ddpguide.core import scratch
 from ddpguide.core.processes import store_port
 from ddpguide.elastic.settings import AgentSettings
 from ddpguide.launch.programs import path_of
+from ddpguide.launch.report import read_log
 from ddpguide.launch.torchrun import FAILURE_GRACE_S, Agent, AgentRun, node_devices, run_agents
 
 PROGRAM = "elastic_train.py"
@@ -44,15 +44,9 @@ class JoinRun:
         return option.partition("=")[2]
 
     def records(self) -> list[dict]:
-        """The program's epoch log: one dict per finished epoch, in the order written."""
+        """The program's epoch log (a live log: :func:`ddpguide.launch.report.read_log`): one
+        dict per finished epoch, in the order written."""
         return read_log(self.workdir / LOG)
-
-
-def read_log(path: Path) -> list[dict]:
-    """JSON lines of ``path`` (none if it does not exist yet; a half-written line is skipped)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
 def agent_settings(port: int, nproc_per_node: int = 1, share_store: bool = False,
@@ -141,8 +135,18 @@ def store_errors(run: JoinRun) -> dict[str, str]:
     return errors
 
 
+class JoinFailed(AssertionError):
+    """What the chapter claims about the join did not hold (raised, so ``python -O`` keeps it)."""
+
+
+def _require(holds: bool, claim: str, found: object) -> None:
+    if not holds:
+        raise JoinFailed(f"{claim}: {str(found)[-2000:]}")
+
+
 def check_join(run: JoinRun) -> dict:
-    """Assert what the chapter claims about the run; return the facts it checked.
+    """Check what the chapter claims about the run (:class:`JoinFailed` names the first claim
+    that fails); return the facts it checked.
 
     Both agents exit 0; the log holds every epoch exactly once, in order; the
     world size only grows, from A's workers to A's and B's; a join is not a
@@ -151,19 +155,23 @@ def check_join(run: JoinRun) -> dict:
     """
     import torch
 
-    assert [r.returncode for r in run.agents] == [0, 0], [r.lines()[-5:] for r in run.agents]
+    _require([r.returncode for r in run.agents] == [0, 0], "both agents exit 0",
+             [(r.returncode, r.lines()[-5:]) for r in run.agents])
     records = run.records()
     epochs = [r["epoch"] for r in records]
-    assert epochs == list(range(run.epochs)), epochs
+    _require(epochs == list(range(run.epochs)), f"epochs 0..{run.epochs - 1} once each, in order", epochs)
     sizes = [r["world_size"] for r in records]
     per_node = run.nproc_per_node
-    assert sizes[0] == per_node and sizes[-1] == 2 * per_node and sizes == sorted(sizes), sizes
-    assert {r["restart_count"] for r in records} == {0}, records
+    _require(sizes[0] == per_node and sizes[-1] == 2 * per_node and sizes == sorted(sizes),
+             f"the world size grows from {per_node} to {2 * per_node}", sizes)
+    _require({r["restart_count"] for r in records} == {0}, "the restart count stays 0", records)
     state = torch.load(run.workdir / "checkpoint.pt", map_location="cpu", weights_only=True)
-    assert state["epoch"] == run.epochs - 1, state["epoch"]
+    _require(state["epoch"] == run.epochs - 1, f"the checkpoint holds epoch {run.epochs - 1}", state["epoch"])
     first_at_two = sizes.index(sizes[-1])
     said = "\n".join(line for r in run.agents for line in r.lines())
-    # the new group's rank 0 found the checkpoint and said where it resumed
-    assert f"world size {sizes[-1]}, restart count 0: resuming at epoch {first_at_two}" in said, said[-2000:]
+    # the new group's rank 0 found the checkpoint and said where it resumed (the line the
+    # chapter quotes)
+    line = f"world size {sizes[-1]}, restart count 0: resuming at epoch {first_at_two}"
+    _require(line in said, f"rank 0 printed {line!r}", said)
     return {"epochs": len(epochs), "world_sizes": sorted(set(sizes)),
             "joined_before_epoch": first_at_two, "checkpoint_epoch": state["epoch"]}

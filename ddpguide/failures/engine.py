@@ -32,6 +32,7 @@ from ddpguide.cluster.cluster import Cluster, chosen
 from ddpguide.cluster.spec import Node
 from ddpguide.core.processes import alive, descendants, processes_with_env, store_port
 from ddpguide.launch import programs
+from ddpguide.launch import report as reports
 from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
 
 PROGRAM = "ft_train.py"
@@ -245,14 +246,9 @@ def _is_rank(pid: int) -> bool:
 
 
 def read_rows(folder: Path) -> list[dict]:
-    """Every rank's rows, in time order (a row cut short by a kill is left out)."""
-    rows = []
-    for path in sorted((folder / "rows").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
+    """Every rank's rows, in time order: each rank's file is a live log
+    (:func:`ddpguide.launch.report.read_log`; a row cut short by a kill is left out)."""
+    rows = [row for path in sorted((folder / "rows").glob("*.jsonl")) for row in reports.read_log(path)]
     return sorted(rows, key=lambda r: r["time"])
 
 

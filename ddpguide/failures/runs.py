@@ -8,7 +8,6 @@ torchrun stops the other worker, starts both again, and they reload the checkpoi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
@@ -23,7 +22,8 @@ import torch.distributed as dist
 
 from ddpguide.core.processes import descendants, signal_all
 from ddpguide.launch import programs
-from ddpguide.launch.ranks import Command, Ranks
+from ddpguide.launch import report as reports
+from ddpguide.launch.ranks import Command, Outcome, Ranks
 
 PROGRAM = "ft_train.py"
 
@@ -191,10 +191,8 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
                 "--checkpoint", str(folder / "checkpoint.pt"), "--epoch-log", str(log)]
         arrivals: list[tuple[float, dict]] = []
 
-        def poll() -> None:
-            if log.exists():
-                lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-                arrivals.extend((time.time(), json.loads(ln)) for ln in lines[len(arrivals):])
+        def poll() -> None:  # the epoch log is a live log (launch.report.read_log)
+            arrivals.extend((time.time(), e) for e in reports.read_log(log)[len(arrivals):])
 
         with Ranks() as group:
             agent = group.start(Command(argv, cwd=str(folder),
@@ -205,7 +203,7 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
                 return any(predicate(e) for _, e in arrivals)
 
             if group.wait(timeout, until=lambda: seen(lambda e: e["epoch"] >= kill_after_epochs)) \
-                    != "until":
+                    is not Outcome.UNTIL:
                 raise RuntimeError(f"torchrun: no epoch {kill_after_epochs} within {timeout} s:\n"
                                    f"{group.ended().output[-2000:]}")
             workers = _workers(group.pid(agent))
@@ -213,7 +211,7 @@ def torchrun_lost_s(kill_after_epochs: int = 3, epoch_seconds: float = 0.1,
             killed = time.time()
             signal_all(workers[-1:], 9)
             if group.wait(timeout, until=lambda: seen(lambda e: e["restart_count"] >= 1)) \
-                    != "until":
+                    is not Outcome.UNTIL:
                 raise RuntimeError(f"torchrun: no epoch after the kill within {timeout} s:\n"
                                    f"{group.ended().output[-2000:]}")
             group.stop(grace=2.0)

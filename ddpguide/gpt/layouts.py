@@ -1,19 +1,20 @@
 """Every layout of ``book/programs/gpt/train.py``, run and compared with one process.
 
 A layout is the program's own command line (``--pp 2 --dp-shard 2 --tp 2``); each run
-writes ``losses.json`` and its stage's whole parameters (``--out``), and
-:func:`compare` reads both against the one-process run of the same steps.
+writes its losses to its report (``--report``, read with :mod:`ddpguide.launch.report`)
+and its stages' whole parameters to a folder (``--out``), and :func:`compare` reads both
+against the one-process run of the same steps.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddpguide.core import scratch
 from ddpguide.launch.programs import ProgramRun, run, torchrun
+from ddpguide.launch.report import ReportError
 
 PROGRAM = "gpt/train.py"
 
@@ -78,16 +79,28 @@ class LayoutRun:
 
 def launch(options: tuple[str, ...], ranks: int, out: Path, extra: tuple[str, ...] = CHECK,
            timeout: float = 300.0, echo: bool = False, name: str = "") -> LayoutRun:
-    """Run the program on one layout; read what it wrote to ``out`` (and its ``--report``:
-    the cost with ``--cost``, :func:`ddpguide.gpt.cost.parse`)."""
+    """Run the program on one layout; read its report (the losses, and the cost with
+    ``--cost``: :func:`ddpguide.gpt.cost.parse`) and the parameters it wrote to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     launcher = ("python",) if ranks == 1 else torchrun(ranks)
     started = time.monotonic()
     done = run(PROGRAM, *options, *extra, "--out", str(out), launcher=launcher,
                timeout=timeout, echo=echo, workdir=out / "program", report=True)
-    report = json.loads((out / "losses.json").read_text())
-    return LayoutRun(name or " ".join(options) or "1 process", ranks, report["losses"],
-                     report["first_step"], parameters_of(out), time.monotonic() - started, done)
+    losses, first, _ = trained(done.report, done.command)
+    return LayoutRun(name or " ".join(options) or "1 process", ranks, losses, first,
+                     parameters_of(out), time.monotonic() - started, done)
+
+
+def trained(report: dict | None, what: str) -> tuple[list[float], int, dict]:
+    """The ``losses``, ``first_step`` and ``layout`` of a report of the program (read with
+    :func:`ddpguide.launch.report.read`); :class:`ReportError` (one line) if one is missing."""
+    found = report or {}
+    losses, first, layout = found.get("losses"), found.get("first_step"), found.get("layout")
+    if not (isinstance(losses, list) and all(isinstance(v, float) for v in losses)
+            and type(first) is int and isinstance(layout, dict)):
+        raise ReportError(f"{what}: its report holds no losses (numbers), first_step (a whole "
+                          "number) and layout (an object)")
+    return losses, first, layout
 
 
 def parameters_of(out: Path) -> dict:

@@ -6,14 +6,14 @@ Two torchrun agents of 2 workers each join one elastic job (c10d rendezvous on
 agent and its workers are killed (SIGKILL: the machine is gone). The first agent's
 workers fail, it restarts them, the rendezvous closes with the one node left, and
 ``--dp-shard auto`` makes the 2 ranks a TP 2 layout that ``--resume`` starts from the
-latest complete checkpoint. Its ``losses.json`` holds every step's loss, the ones
+latest complete checkpoint. Its report (``--report``, read with
+:func:`ddpguide.launch.report.read`) holds every step's loss, the ones
 before the checkpoint from the checkpoint's record: compared with one uninterrupted
 process, no step is lost or repeated.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpguide.core.processes import DIE_WITH_PARENT_ENV, store_port
-from ddpguide.gpt.layouts import PROGRAM, check_options
+from ddpguide.gpt.layouts import PROGRAM, check_options, trained
 from ddpguide.launch import ranks
+from ddpguide.launch import report as reports
 from ddpguide.launch.programs import copy_program
 
 #: rendezvous settings that make a lost node noticed in seconds (chapter 4 measures them)
@@ -54,7 +55,7 @@ def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: flo
     """Run the scenario; return the final loss record and when the node was lost."""
     copy_program(PROGRAM, workdir)
     args = ["--tp", "2", "--dp-shard", "auto", *check_options(steps=steps), "--save", str(workdir / "checkpoints"),
-            "--save-every", "1", "--resume", "--out", str(workdir / "out")]
+            "--save-every", "1", "--resume", "--report", str(workdir / "report.json")]
     env = {"PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", DIE_WITH_PARENT_ENV: "1"}
     port = store_port()
@@ -76,6 +77,6 @@ def lose_a_node(workdir: Path, steps: int = 8, kill_after: int = 2, timeout: flo
     text = {name: path.read_text() for name, path in logs.items()}
     if code != 0:
         raise RuntimeError(f"the surviving agent exited with {code}:\n{text['a'][-3000:]}")
-    report = json.loads((workdir / "out" / "losses.json").read_text())
-    return Recovery(report["losses"], report["first_step"], killed_after, report["layout"],
-                    time.monotonic() - started, text)
+    what = f"{PROGRAM} under the surviving agent"
+    losses, first, layout = trained(reports.read(workdir / "report.json", what), what)
+    return Recovery(losses, first, killed_after, layout, time.monotonic() - started, text)

@@ -7,8 +7,8 @@ import enum
 from dataclasses import dataclass, field
 
 
-class Outcome(str, enum.Enum):
-    """How :meth:`Ranks.wait` ended."""
+class Outcome(enum.Enum):
+    """How :meth:`Ranks.wait` ended (compared with ``is``: an outcome is never a string)."""
 
     DONE = "done"  #: every rank ended with status 0
     FAILED = "failed"  #: a rank failed (first failure: the others' grace is over; all_end: all ended)

@@ -83,6 +83,13 @@ class ProgramRun:
         """What the program printed, without torchrun's own log lines."""
         return [line for line in self.lines() if not _TORCHRUN_LOG.match(line)]
 
+    def reported(self) -> dict:
+        """:attr:`report`; :class:`~ddpguide.launch.report.ReportError` (one line) for a run that
+        has none (run without ``report=True``, or one that failed before it wrote one)."""
+        if self.report is None:
+            raise reports.ReportError(f"`{self.command}` (exit status {self.returncode}): no report")
+        return self.report
+
     def text(self) -> str:
         """The command, what the program printed, and how it ended, as a terminal shows it."""
         return "\n".join([f"$ {self.command}", *self.program_lines(),

@@ -6,6 +6,13 @@ exists is complete. Its one required key is ``checks``: a list of objects, each 
 ``name`` and ``ok`` (true or false), one for each check the program printed. The other
 keys are the program's own counts (bytes, work per rank, costs, times), named in the
 program's docstring.
+
+A report exists only once the program has finished. Where the package must follow a program
+while it runs (start a second agent once an epoch is done, kill a rank at a step, time the
+gap a failure leaves), the program also appends a live log to a file it is given
+(``elastic_train.py --epoch-log``, ``ft_train.py --rows``): one JSON object a line, each
+line in one write. It is progress, read as it grows, only with :func:`read_log`; what the
+program has to say about the run as a whole goes in its report.
 """
 
 from __future__ import annotations
@@ -50,3 +57,24 @@ def _problem(found: object) -> str | None:
 def failed(report: dict) -> list[str]:
     """The names of the checks that failed."""
     return [check["name"] for check in report["checks"] if not check["ok"]]
+
+
+def read_log(path: str | os.PathLike) -> list[dict]:
+    """The records of the live log at ``path`` so far, in the order written: one object a
+    complete line; none while the file does not exist. A line still being written (no
+    newline yet) is left out, and so is one that is not a JSON object: a line a kill cut
+    short, which the next line written (a restarted process appends to the same file)
+    continues."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in text.split("\n")[:-1]:
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            records.append(found)
+    return records

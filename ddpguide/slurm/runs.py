@@ -46,7 +46,7 @@ def reference(epochs: int, folder: Path) -> dict:
     """The report of a run that was never stopped: 2 workers on this machine."""
     done = programs.run(PROGRAM, "--epochs", str(epochs), launcher=programs.torchrun(2),
                         workdir=folder, report=True, echo=False, timeout=180)
-    return done.report  # type: ignore[return-value]
+    return done.reported()
 
 
 def finish(slurm: Slurm, job: str, folder: Path, timeout: float, times: dict[str, float]) -> JobRun:

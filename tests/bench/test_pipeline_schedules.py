@@ -8,6 +8,8 @@ from ddpguide.bench import SUITES
 from ddpguide.bench import pipeline_schedules as suite
 from ddpguide.bench.appendix import ANCHORS
 from ddpguide.bench.report import Report
+from ddpguide.launch.programs import ProgramRun
+from ddpguide.launch.report import ReportError
 from ddpguide.pipeline import zoo
 
 
@@ -49,15 +51,14 @@ def test_with_no_quiet_step_every_step_counts_and_the_notes_say_so(monkeypatch):
     assert "none did, so every figure here is the machine's" in report.notes[0]
 
 
-def test_a_failed_check_stops_the_suite(monkeypatch):
-    class Run:
-        report = {"checks": [{"name": "GPipe on 2 ranks x dp 1, m=4", "ok": False}],
-                  "runs": [{"schedule": "GPipe", "microbatches": 4, "timed": timed([0.3] * 3)}]}
-
-        @staticmethod
-        def lines():
-            return ["check: GPipe on 2 ranks x dp 1, m=4, matches one process within 1e-10: FAILED"]
-
-    monkeypatch.setattr(suite, "run_program", lambda *a, **k: Run)
+def test_a_failed_check_stops_the_suite(monkeypatch, tmp_path):
+    report = {"checks": [{"name": "GPipe on 2 ranks x dp 1, m=4", "ok": False}],
+              "runs": [{"schedule": "GPipe", "microbatches": 4, "timed": timed([0.3] * 3)}]}
+    said = "check: GPipe on 2 ranks x dp 1, m=4, matches one process within 1e-10: FAILED\n"
+    run = ProgramRun("torchrun pipeline_schedules.py", 1, said, 1.0, tmp_path, report)
+    monkeypatch.setattr(suite, "run_program", lambda *a, **k: run)
     with pytest.raises(RuntimeError, match="did not check out"):
+        suite.measure_round(suite.plan(True))
+    run.report = None  # a run that wrote none: one line, not a TypeError on None
+    with pytest.raises(ReportError, match=r"^`torchrun pipeline_schedules.py` \(exit status 1\): no report$"):
         suite.measure_round(suite.plan(True))

@@ -3,7 +3,6 @@ each torchrun start on the shared cores takes tens of seconds)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -39,12 +38,12 @@ SMALL = ["--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps
                          ids=["hsdp", "fsdp2"])
 def test_the_gpt_runs_unchanged_on_two_nodes(layout, tmp_path):
     with up(Spec(nodes=2, ranks_per_node=2, link="1gbit")) as cluster:
-        ended = torchrun_on(cluster, [GPT, *layout, *SMALL, "--out", str(tmp_path / "out")], 600,
+        ended = torchrun_on(cluster, [GPT, *layout, *SMALL, "--report", str(tmp_path / "gpt.json")], 600,
                             cwd=tmp_path)
         assert [e.returncode for e in ended] == [0, 0], ended[0].errors[-2000:]
         with pytest.raises(ProgramFailed, match="exit"):
             run_program(cluster, path_of("gpt/train.py"), ["--tp", "3"], 300)  # a bad layout: exit 2 on every node
-    losses = json.loads((tmp_path / "out" / "losses.json").read_text())["losses"]
+    losses = reports.read(tmp_path / "gpt.json", "gpt/train.py on two nodes")["losses"]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
 
 

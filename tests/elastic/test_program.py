@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
-from ddpguide.elastic.program import check_join, run_join
+from ddpguide.elastic.program import JoinFailed, check_join, run_join
 from ddpguide.launch.torchrun import processes_of_launch
 
 
@@ -25,19 +26,52 @@ def test_the_late_agent_joins_and_every_epoch_runs_once():
     assert processes_of_launch(run.agents[0].launch_id) == []
 
 
-def test_check_join_fails_on_a_run_without_the_second_agent(tmp_path):
+class Done:  # an AgentRun stand-in: its exit status and what it printed
+    def __init__(self, returncode=0, said=()):
+        self.returncode, self.said = returncode, list(said)
+
+    def lines(self):
+        return self.said
+
+
+RESUMED = "world size 2, restart count 0: resuming at epoch 2"
+#: a made-up join that holds: epochs 0-1 at world size 1, 2-3 at 2, the checkpoint of epoch 3
+SIZES, RESTARTS, SAVED = [1, 1, 2, 2], [0, 0, 0, 0], 3
+
+
+def made_up_join(tmp_path, epochs=range(4), sizes=SIZES, restarts=RESTARTS, saved=SAVED,
+                 codes=(0, 0), said=RESUMED):
+    import torch
+
     from ddpguide.elastic.program import JoinRun
 
-    class Done:  # an AgentRun stand-in: both exited 0, but the log shows one world size
-        returncode = 0
+    (tmp_path / "epochs.jsonl").write_text("".join(
+        json.dumps({"epoch": e, "world_size": n, "restart_count": r}) + "\n"
+        for e, n, r in zip(epochs, sizes, restarts)))
+    torch.save({"epoch": saved}, tmp_path / "checkpoint.pt")
+    return JoinRun([Done(codes[0], [said]), Done(codes[1])], tmp_path, 4)
 
-        def lines(self):
-            return []
 
-    (tmp_path / "epochs.jsonl").write_text(
-        "".join(f'{{"epoch": {e}, "world_size": 1, "restart_count": 0}}\n' for e in range(3)))
-    with pytest.raises(AssertionError):
-        check_join(JoinRun([Done(), Done()], tmp_path, 3))
+def test_check_join_passes_a_made_up_join_that_holds(tmp_path):
+    assert check_join(made_up_join(tmp_path)) == {
+        "epochs": 4, "world_sizes": [1, 2], "joined_before_epoch": 2, "checkpoint_epoch": 3}
+
+
+@pytest.mark.parametrize("changes, claim", [
+    ({"codes": (0, 1)}, "both agents exit 0"),
+    ({"epochs": [0, 1, 1, 3]}, "epochs 0..3 once each, in order"),
+    ({"sizes": [1, 1, 1, 1]}, "the world size grows from 1 to 2"),  # B never joined
+    ({"sizes": [1, 2, 1, 2]}, "the world size grows from 1 to 2"),
+    ({"restarts": [0, 0, 1, 1]}, "the restart count stays 0"),
+    ({"saved": 2}, "the checkpoint holds epoch 3"),
+    ({"said": "world size 2, restart count 0: starting at epoch 0"},
+     f"rank 0 printed {RESUMED!r}"),
+], ids=["an-agent-failed", "an-epoch-twice", "one-world-size", "shrank", "restarted", "old-checkpoint",
+        "started-afresh"])
+def test_check_join_fails_on_a_made_up_join_that_breaks_one_claim(tmp_path, changes, claim):
+    with pytest.raises(JoinFailed) as failed:
+        check_join(made_up_join(tmp_path, **changes))
+    assert str(failed.value).startswith(f"{claim}: ")
 
 
 @pytest.mark.timeout(180)

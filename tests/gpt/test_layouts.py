@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpguide.gpt.layouts import FOUR_D, LAYOUTS, check_options, compare, launch
+from ddpguide.gpt.layouts import FOUR_D, LAYOUTS, check_options, compare, launch, trained
+from ddpguide.launch.report import ReportError
 
 TOLERANCE = 1e-10
 
@@ -18,6 +19,35 @@ def test_every_layout_equals_one_process(table, name):
     row = table[0][name]
     assert row["loss_difference"] <= TOLERANCE, row
     assert row["parameter_difference"] <= TOLERANCE, row
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_the_losses_come_in_the_report_and_the_out_folder_holds_only_parameters(table):
+    for name, result in table[1].items():
+        assert len(result.losses) == 3 and result.first_step == 0, name
+        out = result.run.workdir.parent
+        written = {p.name for p in out.iterdir()} - {result.run.workdir.name}
+        assert written and all(n.startswith("params-pp") and n.endswith(".pt") for n in written), written
+
+
+GOOD = {"checks": [], "losses": [5.5, 5.25], "first_step": 0, "layout": {"tp": 2}}
+
+
+def test_a_report_of_the_program_gives_its_losses_first_step_and_layout():
+    assert trained(GOOD, "train.py") == ([5.5, 5.25], 0, {"tp": 2})
+
+
+@pytest.mark.parametrize("report", [None, {"checks": []}, {**GOOD, "losses": None},
+                                    {**GOOD, "losses": ["5.5"]}, {**GOOD, "first_step": 1.0},
+                                    {**GOOD, "first_step": True}, {**GOOD, "layout": None}],
+                         ids=["none", "only-checks", "no-losses", "loss-a-string", "step-a-float",
+                              "step-a-bool", "no-layout"])
+def test_a_report_without_losses_first_step_or_layout_is_refused_in_one_line(report):
+    with pytest.raises(ReportError) as refused:
+        trained(report, "train.py --tp 2")
+    assert str(refused.value) == ("train.py --tp 2: its report holds no losses (numbers), "
+                                  "first_step (a whole number) and layout (an object)")
 
 
 @pytest.fixture(scope="module")

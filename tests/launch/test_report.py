@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ddpguide.launch import programs
-from ddpguide.launch.report import ReportError, failed, read
+from ddpguide.launch.report import ReportError, failed, read, read_log
 
 WRITES = ("import json, os, sys\n"
           "path = sys.argv[sys.argv.index('--report') + 1]\n"
@@ -49,6 +49,15 @@ def test_a_report_is_required_after_success_and_read_if_there_after_failure(fake
     assert failed(programs.run("writes.py", "1", echo=False, expect=1, report=True).report) == ["all equal"]
 
 
+def test_a_run_without_a_report_says_so_in_one_line_when_its_report_is_asked_for(tmp_path):
+    report = {"checks": [], "bytes": [8]}
+    assert programs.ProgramRun("python writes.py 0", 0, "", 0.1, tmp_path, report).reported() is report
+    failed_run = programs.ProgramRun("python silent.py 2 --report report.json", 2, "", 0.1, tmp_path)
+    with pytest.raises(ReportError) as error:
+        failed_run.reported()
+    assert str(error.value) == "`python silent.py 2 --report report.json` (exit status 2): no report"
+
+
 @pytest.mark.multiprocess
 def test_a_report_left_by_an_earlier_run_in_the_folder_is_not_this_run_s(fake_programs, tmp_path):
     programs.run("writes.py", "0", echo=False, report=True, workdir=tmp_path / "run")
@@ -76,3 +85,20 @@ def test_a_well_formed_report_is_read_as_written(tmp_path):
     report = {"checks": [{"name": "x", "ok": True, "worst": 1e-12}], "work": {"ring": [0.5, 1.5]}}
     (tmp_path / "r.json").write_text(json.dumps(report))
     assert read(tmp_path / "r.json") == report
+
+
+def test_a_live_log_is_read_line_by_line_as_it_grows(tmp_path):
+    log = tmp_path / "epochs.jsonl"
+    assert read_log(log) == []  # nothing logged yet
+    log.write_text('{"epoch": 0}\n{"epoch": 1, "loss": 0.5}\n{"epoch": 2, "lo')
+    assert read_log(log) == [{"epoch": 0}, {"epoch": 1, "loss": 0.5}]  # the third is being written
+    with open(log, "a") as f:
+        f.write('ss": 0.25}\n')
+    assert read_log(log)[-1] == {"epoch": 2, "loss": 0.25}
+
+
+def test_a_line_a_kill_cut_short_and_a_line_that_is_no_object_are_left_out(tmp_path):
+    log = tmp_path / "rows.jsonl"
+    # a killed rank's half line, continued by its restart's first line; a list; a blank line
+    log.write_text('{"step": 1}\n{"step": 2, "lo{"step": 2, "incarnation": 1}\n[3]\n\n{"step": 3}\n')
+    assert read_log(log) == [{"step": 1}, {"step": 3}]

@@ -1,7 +1,7 @@
 """Train the GPT of model.py on any layout of pipeline, data, context, expert and tensor
 parallelism; save a checkpoint any layout can resume from.
 
-Run:  python train.py --steps 20 --log-every 5 --out one    (one process; its losses in one/)
+Run:  python train.py --steps 20 --log-every 5 --report report.json    (one process; its losses in report.json)
       torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --tp 2
       torchrun --standalone --nproc-per-node 8 train.py --pp 2 --dp-shard 2 --tp 2
       torchrun --standalone --nproc-per-node 4 train.py --dp-shard 2 --ep 2 --experts 4
@@ -99,7 +99,7 @@ def parse_args(argv=None):
                    "the latest complete one in a --save folder")
     p.add_argument("--resume", action="store_true", help="start from the latest complete checkpoint "
                    "in --save if there is one (what a restarted job does)")
-    p.add_argument("--out", help="write losses.json and the final parameters here")
+    p.add_argument("--out", help="write the final parameters here (a file per stage and expert shard)")
     p.add_argument("--sample", type=int, default=0, help="print this many sampled bytes at the end")
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
@@ -446,7 +446,7 @@ def main():
     seconds = time.perf_counter() - started
     counted = meter.report()
     if args.out:
-        write_out(args.out, stage, history + losses, first, seconds, mesh, layout)
+        write_out(args.out, stage, mesh)
     if args.save:
         save(args.save, stage, optimizer, args.steps, config, layout, history + losses)
     if args.sample and rank == 0 and layout.world == 1:
@@ -465,19 +465,15 @@ def write_report(path, report):
     os.replace(f"{path}.tmp", path)
 
 
-def write_out(path, stage, losses, first, seconds, mesh, layout):
-    """losses.json (rank 0) and this stage's whole parameters (one rank per stage and expert
-    shard): what the one-process run is compared with."""
+def write_out(path, stage, mesh):
+    """This stage's whole parameters (one rank per stage and expert shard): what the
+    one-process run is compared with."""
     params = full_parameters(stage)
     os.makedirs(path, exist_ok=True)
     coords = [mesh[a].get_local_rank() for a in ("dp_replicate", "dp_shard", "cp", "tp")]
     if not any(coords):
         pp, ep = mesh["pp"].get_local_rank(), mesh["ep"].get_local_rank()
         torch.save(params, os.path.join(path, f"params-pp{pp}-ep{ep}.pt"))
-    if dist.get_rank() == 0:
-        with open(os.path.join(path, "losses.json"), "w") as f:
-            json.dump({"first_step": first, "losses": losses, "seconds": seconds,
-                       "layout": asdict(layout)}, f)
 
 
 @torch.no_grad()
