@@ -39,6 +39,7 @@ def ran(monkeypatch):
 
     monkeypatch.setattr(runs, "StartProbe", probe)
     monkeypatch.setattr(runs, "run_ft", run_ft)
+    monkeypatch.setattr(failures_state, "heal_path_bytes_per_s", lambda megabytes: 2**28)
     return given
 
 
@@ -55,6 +56,9 @@ def test_the_rejoin_is_predicted_from_its_parts_with_the_state_in_b(ran, tmp_pat
     assert rejoin.details["kill_to_started_s"] == pytest.approx(3.0)
     assert rejoin.details["started_to_healed_s"] == pytest.approx(1.5)
     assert report.ratios[failures_state.RATIO] == pytest.approx(4.5 / predicted)
+    by_heal_path = predicted - b / 2**30 + b / 2**28          # W along the heal's path
+    assert rejoin.details["predicted_by_heal_path_s"] == pytest.approx(by_heal_path)
+    assert report.ratios[failures_state.RATIO_HEAL_PATH] == pytest.approx(4.5 / by_heal_path)
     assert failures.ANCHORS[failures_state.RATIO][2] == "0.8-1.25"
 
 
@@ -78,7 +82,7 @@ def test_the_measurement_is_added_to_a_saved_report_in_place_of_an_older_one(ran
     assert [m["name"] for m in got["measurements"]] == [
         "stall kill", "process start P kill 1gb", "rejoin kill 1gb"]
     assert got["ratios"]["stall_measured_over_predicted_kill"] == 1.0
-    assert failures_state.RATIO in got["ratios"]
+    assert {failures_state.RATIO, failures_state.RATIO_HEAL_PATH} <= set(got["ratios"])
     assert [n for n in got["notes"] if n.startswith(failures_state.RATIO)][0].endswith(
         "by python -m ddpguide.bench.failures_state --add")
 
@@ -94,3 +98,8 @@ def test_add_refuses_a_file_that_is_not_a_failures_report_in_one_line(tmp_path, 
         f"python -m ddpguide.bench.failures_state: error: --add {other}: not a saved report "
         "of the failures suite (see --help)\n")
     assert os.stat(other).st_mtime_ns == before and sorted(tmp_path.iterdir()) == [other]
+
+
+@pytest.mark.multiprocess
+def test_the_heal_path_moves_a_state_from_another_process_through_torchfts_transport():
+    assert 1e6 < failures_state.heal_path_bytes_per_s(1) < 1e12
