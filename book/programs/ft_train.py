@@ -24,13 +24,18 @@ rank's gradient shard over the same rank of the other groups through the Manager
 --diloco H runs torchft's DiLoCo instead (H local steps, then one outer step). The model
 and the data are float64, generated from --seed. --plain-ddp runs torch's own DDP over
 torchrun's ranks without torchft, the same model and batches, to compare a step's cost.
+--state-mb N gives each rank N MB more float64 state that every heal moves with the model
+(this toy model weighs under 2 KB; a large model's weights and optimizer moments weigh GBs):
+filled from --seed at the first start, never trained, left unfilled by a restarted rank,
+whose heal fills it.
 
 Every rank appends one JSON line per event to ROWS/group<G>.rank<R>.jsonl (opened in
 append mode: a restarted rank continues its file), each with the group, the rank, the
 incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   contributed  before the backward: step, participants (its batch may be in that step);
   step         after optimizer.step: step, participants, committed, loss, weights digest;
-  healed       after loading a peer's state: step, weights digest;
+  healed       after loading a peer's state: step, weights digest (and the --state-mb
+               state's; the row's time is taken before the digests);
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
   final        the last step's full parameters.
 A group that has done the last step keeps joining quorums until the same quorum of every
@@ -68,6 +73,18 @@ def make_model(seed, hidden=DIMS[1]):
                          nn.Linear(hidden, DIMS[2])).double()
 
 
+def make_state(seed, megabytes, incarnation):
+    """--state-mb's state: megabytes MB of float64, from the seed at the first start; a
+    restarted rank's is left unfilled (its heal copies the donor's into it). None for 0."""
+    if not megabytes:
+        return None
+    count = megabytes * 2**20 // 8
+    if incarnation:
+        return torch.empty(count, dtype=torch.float64)
+    return torch.randn(count, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+
+
 def batch(seed, step, shard, size=8):
     """The batch of data shard `shard` at step `step`: a function of both, nothing else.
     Rank r of replica group g reads shard g * group_size + r."""
@@ -84,9 +101,13 @@ def local(tensor):
 
 def digest(model):
     """sha256 of this rank's parameter bytes: equal digests mean bitwise-equal weights."""
+    return digest_of(model.parameters())
+
+
+def digest_of(tensors):
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(local(p).detach().contiguous().numpy().tobytes())
+    for t in tensors:
+        h.update(memoryview(local(t).detach().contiguous().numpy()).cast("B"))
     return h.hexdigest()[:16]
 
 
@@ -273,13 +294,21 @@ def train(args):
         out.write(json.dumps({"event": event, "group": args.group, "rank": args.rank,
                               "incarnation": incarnation, "time": time.time(), **row}) + "\n")
 
+    extra = make_state(args.seed, args.state_mb, incarnation)
+
     def state_dict():
-        return {"model": model.state_dict(), "optim": inner.state_dict()}
+        held = {"model": model.state_dict(), "optim": inner.state_dict()}
+        return held if extra is None else {**held, "state": extra}
 
     def load_state_dict(sd):
         model.load_state_dict(sd["model"])
         inner.load_state_dict(sd["optim"])
-        write("healed", step=manager.current_step(), weights=digest(model))
+        if extra is not None:
+            extra.copy_(sd["state"])
+        healed_at = time.time()
+        more = {} if extra is None else {"state": digest_of([extra])}
+        write("healed", step=manager.current_step(), weights=digest(model), time=healed_at,
+              **more)
 
     seen = QuorumLog()
     manager = Manager(
@@ -491,8 +520,8 @@ def check(args, parser):
     if int(os.environ.get("WORLD_SIZE", "1")) not in (1, 2):
         parser.error("a group has 1 rank (DDP) or 2 (FSDP2 over them): torchrun "
                      "--nproc-per-node 1 or 2")
-    if args.checkpoint_every < 0 or args.diloco < 0 or args.linger < 0:
-        parser.error("--checkpoint-every, --diloco and --linger must be 0 or more")
+    if args.checkpoint_every < 0 or args.diloco < 0 or args.linger < 0 or args.state_mb < 0:
+        parser.error("--checkpoint-every, --diloco, --linger and --state-mb must be 0 or more")
     if args.diloco and (args.checkpoint_every or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         parser.error("--diloco runs with one rank a group and no checkpoints")
     if args.torchft_hook and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -524,6 +553,8 @@ def main(argv=None):
                         help=f"the model's hidden width (default {DIMS[1]})")
     parser.add_argument("--step-seconds", type=float, default=0.1,
                         help="sleep this long in every step (default 0.1)")
+    parser.add_argument("--state-mb", type=int, default=0, metavar="N",
+                        help="N MB more float64 state per rank that a heal moves (default 0)")
     parser.add_argument("--checkpoint", default="checkpoints",
                         help="folder of the groups' checkpoints (default ./checkpoints)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",

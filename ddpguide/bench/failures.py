@@ -17,6 +17,7 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
 - ``torchrun_over_ft_recovery_cluster`` (full mode, as root): the same two recoveries on
   chapter 15's cluster, one link lost (``failures_cluster``, whose parts it reports), with
   ``stall_measured_over_predicted_link``.
+- ``rejoin_measured_over_predicted_kill_1gb`` (full mode): with 1 GiB more state (``failures_state``).
 - ``stall_measured_over_predicted_<kind>`` and ``rejoin_measured_over_predicted_<kind>`` for
   ``term`` (SIGTERM: the rank ends, the kernel closes its sockets; torchrun restarts it, its
   exit status being non-zero), ``kill`` (SIGKILL) and ``hang`` (SIGSTOP, then SIGKILL after
@@ -49,29 +50,22 @@ than ordinary steps would, i.e. how much later than r its next quorum forms.
   group's rank, against a lighthouse of its own) is timed from its exec to its ``started``
   row, just before the failure is injected and again once every group is back after it
   (never beside the rejoin it predicts: the two would share the cores); P is their median.
-  For a hang, the first probe runs before the SIGSTOP, the collective's timeout + 1 s before
-  the SIGKILL. The rendezvous of
-  a group of one rank is torchrun's own store, a few milliseconds, and is not in the sum.
+  A hang's first probe runs before the SIGSTOP. A group of one rank meets in ms: not summed.
 """
 
 from __future__ import annotations
 
 import signal
-import socket
-import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from ddpguide.bench import failures_cluster
+from ddpguide.bench import failures_cluster, failures_state
+from ddpguide.bench.failures_state import loopback_bytes_per_s, probed_start_s, rejoin_measured_s, rejoin_predicted_s
 from ddpguide.bench.progress import tracked
 from ddpguide.bench.report import Report
 
 #: the failure kinds whose stall and rejoin are predicted, and what each is
 KINDS = {"hang": "SIGSTOP", "kill": "SIGKILL", "term": "SIGTERM"}   # the longest first
-#: torchrun's --monitor-interval in the engine's command
-MONITOR_S = 0.1
 
 #: the appendix's anchors for this suite: (what, reference, goal)
 ANCHORS = {
@@ -96,7 +90,7 @@ ANCHORS = {
     **{f"rejoin_measured_over_predicted_{k}": (
         f"{what} to the new incarnation healed / process start + quorum + heal bytes",
         "torchrun, torchft", "0.8-1.25") for k, what in KINDS.items()},
-    **failures_cluster.ANCHORS,
+    **failures_cluster.ANCHORS, **failures_state.ANCHORS,
 }
 
 
@@ -132,25 +126,6 @@ def last_weights(report: dict) -> str:
                key=lambda r: r["step"])["weights"]
 
 
-def loopback_bytes_per_s(megabytes: int = 64) -> float:
-    """W: bytes per second through one TCP connection on 127.0.0.1."""
-    chunk = bytes(1 << 20)
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        def drain() -> None:
-            conn, _ = server.accept()
-            with conn:
-                while conn.recv(1 << 20):
-                    pass
-        reader = threading.Thread(target=drain)
-        reader.start()
-        start = time.perf_counter()
-        with socket.create_connection(server.getsockname()[:2]) as conn:
-            for _ in range(megabytes):
-                conn.sendall(chunk)
-        reader.join(60)
-        return megabytes * len(chunk) / (time.perf_counter() - start)
-
-
 def stall_predicted_s(report: dict, failure: dict, settings) -> float:
     """The survivor's stall after ``failure``, from the configured timeouts (module docstring;
     a cut link silences its node as SIGSTOP silences a rank: the same prediction)."""
@@ -168,27 +143,6 @@ def stall_predicted_s(report: dict, failure: dict, settings) -> float:
         return settings.timeout_s + s + tick / 2
     return max(0.0, min(t_f + settings.heartbeat_timeout_ms / 1000,
                         r + settings.join_timeout_ms / 1000) - r) + tick / 2
-
-
-def rejoin_predicted_s(settings, start_s: float, bandwidth: float) -> float:
-    """A restarted group's rejoin, m / 2 + P + (s + k) / 2 + B / W (module docstring)."""
-    from ddpguide.failures import runs
-
-    return (MONITOR_S / 2 + start_s + (settings.step_seconds + settings.quorum_tick_ms / 1000) / 2
-            + runs.heal_bytes(settings) / bandwidth)
-
-
-def rejoin_measured_s(report: dict, failure: dict) -> float | None:
-    """From ``failure`` (the signal that ended the rank) to its group's next ``healed`` row."""
-    healed = [r["time"] for r in report["healed"] if r["group"] == failure["groups"][0]
-              and r["time"] > failure["time"]]
-    return min(healed) - failure["time"] if healed else None
-
-
-def probed_start_s(failure: dict) -> float:
-    """P for ``failure``: the median of the probes timed before it and after its group was
-    back (``start_s``, ``start_after_s``; the first alone when the run ended first)."""
-    return statistics.median([failure[k] for k in ("start_s", "start_after_s") if k in failure])
 
 
 def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> None:
@@ -277,6 +231,7 @@ def run(quick: bool = False) -> Report:
                 failures_cluster.run(report, Path(tmp, "cluster"), settings, stall_predicted_s)
             else:
                 report.notes.append(f"no cluster run: {missing_prerequisite()}")
+            failures_state.run(report, Path(tmp, "state"), bandwidth)
 
         cost = cadence.checkpoint_cost(8 if quick else 32, 1 if quick else 3)
         for name in ("sync_s", "async_stall_s", "async_total_s"):

@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(chaos.KINDS),
                         help=f"chaos: comma-separated, of {','.join(chaos.KINDS)}")
     parser.add_argument("--max-restarts", type=int, default=5)
+    parser.add_argument("--state-mb", type=int, default=0,
+                        help="more float64 state per rank that every heal moves (MB)")
     parser.add_argument("--deadline", type=float, default=180.0)
     parser.add_argument("--cluster", default="", help="a live cluster's id (python -m "
                         "ddpguide.cluster up): a group a node, the lighthouse on node 0")
@@ -38,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = engine.Settings(groups=args.groups, group_size=args.group_size, steps=args.steps,
                                step_seconds=args.step_seconds, seed=args.seed,
                                max_restarts=args.max_restarts, deadline_s=args.deadline,
+                               state_mb=args.state_mb,
                                cluster=args.cluster)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     folder = Path(args.folder)

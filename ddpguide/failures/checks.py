@@ -114,6 +114,18 @@ def heals_match_donor(report: dict) -> list[str]:
     return problems
 
 
+def heals_carry_the_state(report: dict, program: ModuleType) -> list[str]:
+    """With the program's --state-mb: a rank that heals holds, bitwise, the state every group
+    filled from the seed at its first start and never changed (a restarted rank leaves its own
+    unfilled: only the heal fills it)."""
+    heals = [h for h in report["healed"] if "state" in h]
+    if not report.get("state_mb") or not heals:
+        return []
+    filled = program.digest_of([program.make_state(report["seed"], report["state_mb"], 0)])
+    return [f"group {h['group']} rank {h['rank']} healed at step {h['step']} to state "
+            f"{h['state']}, its peers hold {filled}" for h in heals if h["state"] != filled]
+
+
 def participants_match(report: dict) -> list[str]:
     """The Manager's participant count equals the groups whose batch is in the step."""
     who = contributors(report)
@@ -227,7 +239,7 @@ def checks(report: dict, program: ModuleType, stall_bound_s: float) -> list[dict
     found: dict[str, list] = {
         "committed_together": committed_together(report),
         "equal_after_commit": equal_after_commit(report),
-        "heals_match_donor": heals_match_donor(report),
+        "heals_match_donor": heals_match_donor(report) + heals_carry_the_state(report, program),
         "back_and_healed": back_and_healed(report),
         "survivors_keep_going": survivors_keep_going(report, stall_bound_s),
         "participants_match": participants_match(report),

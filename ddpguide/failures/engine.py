@@ -51,6 +51,7 @@ class Settings:
     seed: int = 0
     lr: float = 0.1
     hidden: int = 10
+    state_mb: int = 0               # the program's --state-mb: more state that a heal moves
     max_restarts: int = 5
     min_replicas: int = 1           # the lighthouse's: groups a quorum needs (1: survivors go on)
     timeout_s: int = 5              # the program's collective, quorum and heal timeout
@@ -71,6 +72,8 @@ class Settings:
             return f"--min-replicas {self.min_replicas}: 1 to --groups"
         if self.steps < 1:
             return f"--steps {self.steps}: at least 1"
+        if self.state_mb < 0:
+            return f"--state-mb {self.state_mb}: 0 or more"
         if self.max_restarts < 0 or self.deadline_s <= 0 or self.step_seconds < 0:
             return "--max-restarts, --step-seconds must be 0 or more and --deadline positive"
         if self.cluster:
@@ -108,6 +111,7 @@ def group_argv(settings: Settings, group: int, rdzv_port: int, folder: Path,
             "--steps", str(settings.steps), "--step-seconds", str(settings.step_seconds),
             "--seed", str(settings.seed), "--lr", str(settings.lr), "--hidden", str(settings.hidden),
             "--timeout", str(settings.timeout_s),
+            *(["--state-mb", str(settings.state_mb)] if settings.state_mb else []),
             # a survivor that has finished waits for the restarted groups as long as the run may
             # take: one that left early would leave a late group no peer to heal from
             "--linger", str(settings.deadline_s), "--stop-file", str(folder / STOP),
@@ -270,7 +274,7 @@ def assemble(settings: Settings, rows: list[dict], steps: int | None = None,
     when not --steps) and the rows by event."""
     report: dict = {"groups": settings.groups, "group_size": settings.group_size,
                     "steps": settings.steps if steps is None else steps, "seed": settings.seed, "lr": settings.lr,
-                    "hidden": settings.hidden, **more}
+                    "hidden": settings.hidden, "state_mb": settings.state_mb, **more}
     for event in EVENTS:
         report[event] = [r for r in rows if r["event"] == event]
     return report

@@ -47,10 +47,11 @@ class StartProbe:
     """P timed beside the run: a separate start of ``ft_train.py`` as a restarted group's rank
     (incarnation 1, a group of one, its own store), against a lighthouse of its own, from the
     exec to its built Manager (its ``started`` row, the program's own clock); then it is
-    killed. Calling it (``probe(kind)``, as ``run_ft``'s ``before``) gives ``{"start_s": P}``."""
+    killed (``state_mb``: its --state-mb, the state a restarted rank allocates). Calling it
+    (``probe(kind)``, as ``run_ft``'s ``before``) gives ``{"start_s": P}``."""
 
-    def __init__(self, folder: str | Path, timeout: float = 120.0):
-        self.folder, self.timeout = Path(folder), timeout
+    def __init__(self, folder: str | Path, timeout: float = 120.0, state_mb: int = 0):
+        self.folder, self.timeout, self.state_mb = Path(folder), timeout, state_mb
         self.lighthouse: subprocess.Popen | None = None
 
     def __enter__(self) -> StartProbe:
@@ -86,7 +87,8 @@ class StartProbe:
         probe.mkdir(parents=True)
         started = time.time()
         child = subprocess.Popen([sys.executable, str(programs.path_of(PROGRAM)), "--rows",
-                                  str(probe / "rows"), "--linger", "0", "--timeout", "5"], env=env,
+                                  str(probe / "rows"), "--linger", "0", "--timeout", "5",
+                                  "--state-mb", str(self.state_mb)], env=env,
                                  cwd=self.folder, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         try:
@@ -124,9 +126,11 @@ def run_plain_ddp(folder: Path, steps: int) -> dict:
 
 
 def heal_bytes(settings) -> int:
-    """The state a heal moves: the model's parameters (SGD without momentum keeps no state)."""
+    """The state a heal moves: the model's parameters (SGD without momentum keeps no state)
+    and the program's --state-mb state."""
     model = programs.load(PROGRAM).make_model(settings.seed, settings.hidden)
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    return (sum(p.numel() * p.element_size() for p in model.parameters())
+            + settings.state_mb * 2**20 // 8 * 8)
 
 
 def copied(folder: str | Path) -> Path:

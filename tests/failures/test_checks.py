@@ -68,6 +68,12 @@ def healed_to_other_weights(r):
     r["healed"][0]["weights"] = "w1"
 
 
+def healed_to_other_state(r):
+    """With --state-mb 1: the heal's state digest is not the one the seed fills."""
+    r["state_mb"] = 1
+    r["healed"][0]["state"] = "0" * 16
+
+
 def never_back(r):
     r["final"] = r["final"][:1]
 
@@ -113,6 +119,7 @@ BREAKS = [
     (one_group_did_not_commit, "committed_together"),
     (different_weights, "equal_after_commit"),
     (healed_to_other_weights, "heals_match_donor"),
+    (healed_to_other_state, "heals_match_donor"),
     (never_back, "back_and_healed"),
     (back_without_healing, "back_and_healed"),
     (survivor_stalls, "survivors_keep_going"),
@@ -130,6 +137,15 @@ def test_each_invariant_fails_on_a_report_that_breaks_it(breaks, name):
     report = copy.deepcopy(good())
     breaks(report)
     assert name in failing(report)
+
+
+def test_a_heal_that_carries_the_seeds_state_holds():
+    report = good()
+    report["state_mb"] = 1
+    report["healed"][0]["state"] = PROGRAM.digest_of([PROGRAM.make_state(0, 1, 0)])
+    assert failing(report) == set()
+    assert PROGRAM.make_state(0, 1, 0).numel() * 8 == 2**20
+    assert PROGRAM.make_state(0, 0, 0) is None
 
 
 def test_ranks_of_one_group_that_disagree_are_a_split():

@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from ddpguide.failures import runs
+from ddpguide.failures import engine, runs
 from ddpguide.failures.__main__ import main
 
 PROGRAM_BAD = [
@@ -21,6 +22,8 @@ PROGRAM_BAD = [
     (["--group", "2", "--groups", "2"], "--group 2 is not a group of --groups 2"),
     (["--group", "0", "--groups", "2", "--steps", "0"], "--steps and --hidden must be at least 1"),
     (["--group", "0", "--groups", "2"], "no lighthouse: give --lighthouse or set TORCHFT_LIGHTHOUSE"),
+    (["--group", "0", "--groups", "2", "--state-mb", "-1"],
+     "--checkpoint-every, --diloco, --linger and --state-mb must be 0 or more"),
     (["--plain-ddp", "--diloco", "2"], "--plain-ddp runs plain DDP steps: no --diloco, no "
      "--checkpoint-every"),
 ]
@@ -44,6 +47,7 @@ ENGINE_BAD = [
     (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two,term,link"),
     (["--kinds", "link"], "--kinds link: a link is cut on a cluster only (give --cluster ID)"),
     (["--failures", "-1"], "--failures -1: 0 or more"),
+    (["--state-mb", "-1"], "--state-mb -1: 0 or more"),
 ]
 
 
@@ -76,15 +80,27 @@ def test_the_engine_refuses_a_folder_that_exists(tmp_path, capsys):
 
 @pytest.mark.multiprocess
 def test_a_rank_killed_from_outside_is_replaced_and_every_invariant_holds(tmp_path):
+    """With --state-mb 1: the replacement starts with that state unfilled and heals the seed's."""
     report = runs.run_ft(tmp_path / "run", failures=1, seed=1, kinds=("kill",), groups=2,
-                         steps=50, step_seconds=0.1)
+                         steps=50, step_seconds=0.1, state_mb=1)
     assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
     assert [f["what"] for f in report["failures"]] == ["SIGKILL (kill)"]
     victim = report["failures"][0]["groups"][0]
     assert max(r["incarnation"] for r in report["started"] if r["group"] == victim) == 1
     # the victim's new incarnation healed (a group that starts late heals at its first quorum too)
     assert [h["incarnation"] for h in report["healed"] if h["group"] == victim][-1:] == [1]
+    program = runs.programs.load(runs.PROGRAM)
+    filled = program.digest_of([program.make_state(0, 1, 0)])
+    assert [h["state"] for h in report["healed"] if h["group"] == victim][-1:] == [filled]
     assert report["left_running"] == []
+
+
+def test_a_heal_moves_the_model_and_the_state_mb_state():
+    assert runs.heal_bytes(engine.Settings()) == 8 * (16 * 10 + 5)
+    assert runs.heal_bytes(engine.Settings(state_mb=1)) == 2**20 + 8 * (16 * 10 + 5)
+    assert "--state-mb" not in engine.group_argv(engine.Settings(), 0, 1, Path("f"))
+    assert engine.group_argv(engine.Settings(state_mb=3), 0, 1, Path("f"))[-6:-4] == [
+        "--state-mb", "3"]
 
 
 @pytest.mark.multiprocess

@@ -82,3 +82,35 @@ def test_the_after_hook_goes_into_every_entry_of_the_last_failure_once():
     trouble._after_last()                                   # nothing pending: not called again
     assert calls == ["hang"]
     assert [e.get("p") for e in trouble.log] == [None, 1.0, 1.0]
+
+
+#: the first entry each kind of failure logs (``chaos.Chaos.inject``)
+FIRST_ENTRY = {"kill": "SIGKILL (kill)", "segv": "SIGSEGV (segv)", "hang": "SIGSTOP",
+               "lighthouse": "lighthouse killed", "heal": "SIGKILL (heal)",
+               "quorum": "SIGKILL (quorum)", "two": "SIGKILL (two)", "term": "SIGTERM (term)",
+               "link": "link down"}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@needs_root
+def test_a_long_chaos_run_of_every_kind_on_the_cluster(tmp_path):
+    """3 nodes, a group each, the lighthouse on node 0: every kind of failure once, in turn
+    (a kill, a segfault, a hang, the lighthouse, a kill while healing, one while a quorum
+    forms, two groups at once, a SIGTERM, a cut link), every invariant holding after them.
+    torchrun may restart a group 16 times; the run ends 10 steps after the last failure's
+    group is back (at most 2500 steps), within pytest's 300 s."""
+    from ddpguide.cluster.cluster import up
+    from ddpguide.cluster.spec import Spec
+
+    assert set(FIRST_ENTRY) == set(chaos.KINDS)
+    with up(Spec(nodes=3, ranks_per_node=1)) as cluster:
+        report = runs.run_ft(tmp_path / "run", failures=len(chaos.KINDS), seed=0,
+                             kinds=chaos.KINDS, in_order=True, groups=3, steps=2500,
+                             step_seconds=0.1, gap_s=(0.5, 1.0), deadline_s=250.0,
+                             max_restarts=16, cluster=cluster.run_id)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    whats = [f["what"] for f in report["failures"]]
+    assert [k for k in chaos.KINDS if FIRST_ENTRY[k] not in whats] == [], whats
+    assert all("198.18.0." in c for c in report["commands"][1:]), report["commands"]
+    assert report["left_running"] == []
