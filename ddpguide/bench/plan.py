@@ -14,10 +14,10 @@
   ``best_layout_measured_over_best_measured``, and the same ranking with DTensor's built-in
   link constants in place of the measured links (``..._dtensor_constants``);
 * time on loopback (no link limit, so compute is most of some steps): the ``LOOPBACK`` layouts
-  of GPTs of several widths, each predicted from ``plan_measure.py`` run just before them
-  (``..._loopback_table``) and with the matmul rate ``train.py --cost`` times in its ranks
-  before the steps (:mod:`ddpguide.plan.calibrate`: ``step_predicted_over_measured_loopback``,
-  ``rank_correlation_loopback``);
+  of GPTs of several widths, each predicted from ``plan_measure.py --measure`` and ``--sweep``
+  run just before it, with as many ranks (``..._loopback_table``), and with the matmul rate
+  ``train.py --cost`` times in its ranks before the steps (:mod:`ddpguide.plan.calibrate`:
+  ``step_predicted_over_measured_loopback``, ``rank_correlation_loopback``);
 * each term of the model doubled against the cluster's and loopback's layouts
   (``perturbed_<term>_out_of_band``) and the predicted compute share of all of them
   (``compute_share_min``, ``compute_share_max``);
@@ -27,7 +27,10 @@
   saves) predicted over counted at the busiest rank (under EP, where the routing decides each
   rank's rows, all ranks together), ``memory_predicted_over_measured``;
 * ``DDPGUIDE_PLAN_CACHE=DIR`` keeps each finished run of train.py in DIR and reads it back
-  in a later run (an interrupted benchmark resumes; the predictions are made again);
+  in a later run (an interrupted benchmark resumes; the predictions are made again). A time
+  run is kept with the table it was measured beside and read back only with it: a loopback
+  run with its own table, a cluster run under the fingerprint of the cluster's table (which
+  each benchmark measures anew, so the cluster's runs are not reused across benchmarks);
 * ``--quick``: the two layouts of ``QUICK`` (one timed step each) and no runs on loopback;
   the microbenchmarks time for less (``QUICK_SECONDS``, ``QUICK_REPEATS``);
 * published: torchtitan's Llama 3.1 H100 rows, the Ultra-Scale Playbook's best
@@ -43,7 +46,7 @@ import sys
 import time
 
 from ddpguide.bench.report import Report
-from ddpguide.plan import calibrate, catalog, checks, hardware, measure, perturb, published, search, tracker
+from ddpguide.plan import calibrate, catalog, checks, measure, perturb, published, search, tracker
 from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
 
 CHECK_SEQ, CHECK_BATCH = 16, 8
@@ -76,7 +79,7 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
     with up(Spec(nodes=NODES, ranks_per_node=RANKS_PER_NODE, link=LINK)) as cluster:
         seconds, repeats = (QUICK_SECONDS, QUICK_REPEATS) if quick else (None, None)  # None: the program's
         hw = measure.cluster_hardware(p, cluster, seconds=seconds, repeats=repeats)
-        dt_hw = checks.dtensor_hardware(hw)
+        dt_hw, table = checks.dtensor_hardware(hw), measure.fingerprint(hw)  # runs kept with this table only
         report.add("cluster hardware", hw.peak / 1e9, "GFLOP/s a thread (best matmul)", links=hw.links,
                    cores=hw.cores, op_us=hw.op_seconds * 1e6, bandwidth_gb_s=hw.bandwidth / 1e9,
                    hardware={k: v for k, v in vars(hw).items() if k != "matmul"}, matmul=hw.matmul)
@@ -87,8 +90,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
         for lay in layouts:
             name = search.name(lay)
             load = os.getloadavg()[0]
-            result = measure.run_on_cluster(cluster, lay, model, TIME_SEQ, TIME_BATCH, "float32",
-                                            steps=3 if quick else 5, cache=cache)  # quick: one timed step
+            result = measure.run_on_cluster(cluster, lay, model, TIME_SEQ, TIME_BATCH, "float32",  # quick: one
+                                            steps=3 if quick else 5, cache=cache, beside=table)  # timed step
             bar.update()
             step = p.step(model, lay, pol, hw, TIME_BATCH, TIME_SEQ)
             mem = measure.memory_ratios(p, lay, model, pol, TIME_SEQ, TIME_BATCH, result)
@@ -135,14 +138,13 @@ def scored(report: Report, p, sets: dict[str, list[dict]], model, pol) -> None:
 
 def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
     """The :data:`LOOPBACK` layouts run on this machine's loopback with ``train.py --cost``, each
-    predicted twice: from the hardware measured before all of them (the table), and with the
-    compute rate measured beside its own run (:mod:`ddpguide.plan.calibrate`: a matmul timed in
-    each rank's process before the steps, never the steps). The rows, with their hardware, for
-    the perturbation check."""
+    just after this machine's hardware is measured for it (:func:`measure.run_beside`: the
+    matmul table, the cores and the loopback link of as many ranks as the layout has), and
+    predicted twice: from that table, and with the compute rate measured in the run's own
+    ranks before its steps (:mod:`ddpguide.plan.calibrate`: a matmul timed in each rank's
+    process, never the steps). A cached run comes back with the table measured beside it.
+    The rows, with their hardware, for the perturbation check."""
     pol = catalog.policy(p, "float32")
-    hw = hardware.measured(p, ranks=4)
-    report.add("loopback hardware", hw.peak / 1e9, "GFLOP/s a thread (best matmul)", cores=hw.cores,
-               links=hw.links)
     bar.total += len(LOOPBACK)
     rows = []
     for dim, ranks, seq, batch, name in LOOPBACK:
@@ -150,7 +152,7 @@ def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
         lay = next(x for x in search.plain(p, model, ranks, batch, seq) if search.name(x) == name)
         label = f"dim {dim}, {name}"
         load = os.getloadavg()[0]
-        result = measure.run_layout(lay, model, seq, batch, "float32", steps=5, cache=cache)
+        hw, result = measure.run_beside(p, lay, model, seq, batch, "float32", steps=5, cache=cache)
         bar.update()
         here = calibrate.beside(p, hw, model, lay, batch, seq, result)
         table, step = (p.step(model, lay, pol, h, batch, seq) for h in (hw, here))
@@ -161,11 +163,13 @@ def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
         report.ratios[f"step_predicted_over_measured_loopback_table: {label}"] = table["total"] / measured
         report.add(f"loopback {label}: step", measured * 1e3, "ms", predicted_ms=step["total"] * 1e3,
                    table_predicted_ms=table["total"] * 1e3, compute_share=rows[-1]["share"],
-                   rate_scale=calibrate.scale(p, hw, model, lay, batch, seq, result), load_before=load)
+                   rate_scale=calibrate.scale(p, hw, model, lay, batch, seq, result), load_before=load,
+                   cores=hw.cores, links=hw.links, peak_gflop_s=hw.peak / 1e9, table_at=result.get("measured_at"),
+                   table_then_run_seconds=result.get("beside_seconds"))
         _say(f"loopback {label}: step predicted {step['total'] * 1e3:.0f} ms beside the run "
-             f"({step['total'] / measured:.2f}), {table['total'] * 1e3:.0f} ms from the table "
+             f"({step['total'] / measured:.2f}), {table['total'] * 1e3:.0f} ms from its table "
              f"({table['total'] / measured:.2f}), measured {measured * 1e3:.0f} ms; compute "
-             f"{rows[-1]['share']:.2f} of the step; load {load:.1f}")
+             f"{rows[-1]['share']:.2f} of the step; {hw.cores:.2f} cores; load {load:.1f}")
     predicted, measured = [r["predicted"] for r in rows], [r["measured"] for r in rows]
     report.ratios["rank_correlation_loopback"] = checks.spearman(predicted, measured)
     return rows

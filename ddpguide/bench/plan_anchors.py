@@ -22,8 +22,9 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
     "step_predicted_over_measured_loopback: *": ("step time predicted with the compute rate measured beside "
                                                  "the run (a matmul timed in its ranks before the steps) / "
                                                  "measured, that layout on loopback", "", "0.8-1.25"),
-    "step_predicted_over_measured_loopback_table: *": ("the same predicted from the matmul table measured before "
-                                                       "all the loopback runs", "", ""),
+    "step_predicted_over_measured_loopback_table: *": ("the same predicted from the table alone (plan_measure.py's "
+                                                       "matmul rates, cores and link, measured just before that run)",
+                                                       "", ""),
     "rank_correlation_loopback": ("Spearman's rank correlation of the loopback layouts, the rate beside each run",
                                   "", ">= 0.8"),
     "compute_share_min": ("predicted compute over predicted step, the layout with the least, the cluster's and "

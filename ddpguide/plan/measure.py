@@ -10,9 +10,11 @@ under ``torchrun --nnodes`` on the cluster's nodes).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tempfile
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -42,6 +44,14 @@ def _cached(cache: str | None, key: str, run: Callable[[], dict[str, Any]]) -> d
     return result
 
 
+def fingerprint(hw: Any) -> str:
+    """A short hash of every field of a ``plan_cost.Hardware``: the table a time run was
+    measured beside, part of the key a cached run is kept under, so that it is read back only
+    with that table."""
+    fields = json.dumps(dataclasses.asdict(hw), sort_keys=True, default=str)
+    return hashlib.sha256(fields.encode()).hexdigest()[:16]
+
+
 def _extra(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int) -> tuple[str, ...]:
     return (*render.model_options(model, seq, batch // layout.accumulate, dtype), "--steps", str(steps),
             "--clip", "1.0")
@@ -54,11 +64,33 @@ def run_layout(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps:
     from which the same run is read back instead of run again. The memory counted is what the
     allocator's settings do not change: the ranks run with one thread and no ``MALLOC_*``
     tunable, so that the package tests may fork them warm (:mod:`ddpguide.launch.warm`). The
-    loopback time check reads its step too: one thread a rank, as the matmul table is timed."""
+    loopback time check reads its step too (:func:`run_beside`): one thread a rank, as the
+    matmul table is timed."""
     extra = _extra(layout, model, seq, batch, dtype, steps)
     options = render.options(layout)
     return _cached(cache, " ".join((*options, *extra)), lambda: gpt_cost.measure(
         options, layout.world, extra=extra, timeout=timeout, env={"OMP_NUM_THREADS": "1"})[0])
+
+
+def run_beside(p: ModuleType, layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int = 5,
+               cache: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """This machine's hardware measured (:func:`hardware.measured`: the matmul table, the
+    cores the layout's ranks get, the loopback link under ``torchrun`` of as many ranks), then
+    at once :func:`run_layout` on the layout: the hardware and the run's record, measured side
+    by side. ``cache`` keeps the two together, so a run read back comes with the table that
+    was measured beside it, never with one measured at another time. The record gains
+    ``beside_seconds``: how long the table, then the run, took (wall clock), and ``measured_at``
+    (UTC) when the table was started."""
+    def both() -> dict[str, Any]:
+        at, start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), time.monotonic()
+        hw = hardware.measured(p, ranks=layout.world)
+        probed = time.monotonic()
+        result = run_layout(layout, model, seq, batch, dtype, steps=steps)
+        return {"hardware": dataclasses.asdict(hw), "result": {
+            **result, "measured_at": at, "beside_seconds": [probed - start, time.monotonic() - probed]}}
+    key = " ".join(("beside", *render.options(layout), *_extra(layout, model, seq, batch, dtype, steps)))
+    found = _cached(cache, key, both)
+    return hardware.from_fields(p, found["hardware"], "a cached table", known_only=True), found["result"]
 
 
 def counted(memory: dict[str, int]) -> int:
@@ -128,10 +160,11 @@ def cost_in(path: Path, what: str) -> dict[str, Any]:
 
 
 def run_on_cluster(cluster: Any, layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int = 5,
-                   timeout: float = 900.0, cache: str | None = None) -> dict[str, Any]:
+                   timeout: float = 900.0, cache: str | None = None, beside: str = "") -> dict[str, Any]:
     """``train.py --cost`` on the layout across the cluster's nodes (one ``torchrun --nnodes`` a
     node, as chapter 15 starts programs): the ``cost`` record of its report. ``cache`` as in
-    :func:`run_layout` (the link rate is part of the key)."""
+    :func:`run_layout` (the link rate and ``beside``, the table's :func:`fingerprint`, are
+    part of the key)."""
     from ddpguide.cluster.launch import torchrun_on
 
     extra = _extra(layout, model, seq, batch, dtype, steps)
@@ -148,4 +181,6 @@ def run_on_cluster(cluster: Any, layout: Any, model: Any, seq: int, batch: int, 
                          for k, e in enumerate(ended) if e.returncode != 0]
                 raise ReportError(f"{what}: " + "; ".join(tails))
             return cost_in(report, what)
-    return _cached(cache, " ".join(("cluster", *options, *extra, cluster.spec.link, str(cluster.spec.nodes))), once)
+    key = ("cluster", *options, *extra, cluster.spec.link, str(cluster.spec.nodes),
+           *(["beside", beside] if beside else []))
+    return _cached(cache, " ".join(key), once)

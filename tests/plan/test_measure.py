@@ -4,6 +4,7 @@ line (no cluster needed: the launch on the nodes is planted)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 from ddpguide.cluster import launch
 from ddpguide.launch.ranks import RankEnd
 from ddpguide.launch.report import ReportError
-from ddpguide.plan import catalog, measure, search
+from ddpguide.plan import catalog, hardware, measure, search
 
 COST = {"memory": [{"parameters": 1}], "step_seconds": 0.5}
 CLUSTER = SimpleNamespace(spec=SimpleNamespace(link="10mbit", nodes=2))
@@ -50,3 +51,66 @@ def test_the_report_of_train_py_is_read_through_launch_report(monkeypatch, text,
             run()
         assert "\n" not in str(refused.value)
         assert str(refused.value).startswith("gpt/train.py --dp-replicate 2")
+
+
+def test_a_cached_cluster_run_is_read_back_only_with_the_table_it_was_measured_beside(monkeypatch, tmp_path):
+    """The cluster's table is part of a kept run's key: the same table reads the run back, a
+    table measured at another time (another fingerprint) runs it again."""
+    launches = []
+
+    def counting(cluster, program, timeout, **kwargs):
+        launches.append(program)
+        return planted(json.dumps({"checks": [], "cost": {**COST, "step_seconds": len(launches)}}))(
+            cluster, program, timeout, **kwargs)
+    monkeypatch.setattr(launch, "torchrun_on", counting)
+    p = search.program()
+    model, layout = catalog.model(p, "gpt-check"), p.Layout(dp_replicate=2)
+    run = lambda beside: measure.run_on_cluster(CLUSTER, layout, model, 16, 8, "float32",  # noqa: E731
+                                                cache=str(tmp_path), beside=beside)
+    first = measure.fingerprint(p.Hardware(peak=1e9))
+    assert first == measure.fingerprint(p.Hardware(peak=1e9)) != measure.fingerprint(p.Hardware(peak=2e9))
+    assert run(first)["step_seconds"] == 1 and run(first)["step_seconds"] == 1 and len(launches) == 1
+    assert run(measure.fingerprint(p.Hardware(peak=2e9)))["step_seconds"] == 2 and len(launches) == 2
+
+
+def _planted_machine(monkeypatch, p):
+    """This machine's hardware, each measurement twice as fast as the one before (a machine
+    whose load changes between tables), and train.py's runs planted: a step of 0.1 s, the
+    matmul rate of 1e9 FLOP/s in its ranks."""
+    tables = []
+
+    def measured(p_, ranks=4, folder=None):
+        tables.append(ranks)
+        return p.Hardware(name="this-machine", peak=1e9 * 2 ** len(tables), bandwidth=1e10, cores=2.0,
+                          gpus_per_node=8, links={"node": [1e-4, 1e-9, 0.0], "net": [1e-4, 1e-9, 0.0]})
+    runs = []
+
+    def cost(options, ranks, **kwargs):
+        runs.append(options)
+        return {"step_seconds": 0.1, "peak_flops": 1e9, "memory": [{"parameters": 1}] * ranks}, None
+    monkeypatch.setattr(hardware, "measured", measured)
+    monkeypatch.setattr(measure.gpt_cost, "measure", cost)
+    return tables, runs
+
+
+def test_a_cached_loopback_run_comes_back_with_the_table_measured_beside_it(monkeypatch, tmp_path):
+    """Each loopback run is predicted from the table measured just before it, with as many
+    ranks; a benchmark reading the runs back from the cache predicts them from the tables kept
+    with them (the same ratios), not from a table measured now (a faster one, planted)."""
+    from ddpguide.bench import plan
+    from ddpguide.bench.report import Report
+
+    p = search.program()
+    tables, runs = _planted_machine(monkeypatch, p)
+    bar = SimpleNamespace(total=0, update=lambda: None)
+    first, again = Report("plan"), Report("plan")
+    plan.loopback_check(first, p, str(tmp_path), bar)
+    assert tables == [ranks for _, ranks, *_ in plan.LOOPBACK] and len(runs) == len(plan.LOOPBACK)
+    table_ms = [m.details["table_predicted_ms"] for m in first.measurements]
+    assert len(set(table_ms)) == len(table_ms)  # each from its own table
+    plan.loopback_check(again, p, str(tmp_path), bar)
+    assert len(tables) == len(runs) == len(plan.LOOPBACK)  # nothing measured again
+    assert again.ratios == first.ratios
+    fresh = Report("plan")
+    plan.loopback_check(fresh, p, None, bar)  # no cache: new tables, twice as fast, beside new runs
+    assert all(fresh.ratios[k] != first.ratios[k] for k in first.ratios if "table" in k)

@@ -1,9 +1,10 @@
 """The time check can fail: each term of the model doubled, scored on the saved cluster run.
 
 The saved run's steps are mostly communication (20mbit links): a doubled collective or bubble
-moves layouts out of 0.8-1.25, a doubled compute does not (its share is under 5% of every
-step). That the check is blind to compute there is asserted too, so that a run which can see
-it (a larger compute share) shows up here as a change."""
+moves layouts out of 0.8-1.25. Its four ranks got 1.06 cores of the shared machine, so compute
+is up to a third of the pipelines' steps and a doubled compute moves them out too. What the
+check is blind to there is asserted as well (overlap: nothing is hidden behind so little
+compute; all-to-all: no layout has experts), so that a run which sees it shows up as a change."""
 
 from __future__ import annotations
 
@@ -26,16 +27,17 @@ def test_the_model_as_it_is_passes(scored):
     assert found[""]["within"] == len(rows) and found[""]["rank_correlation"] >= 0.8
 
 
-@pytest.mark.parametrize("term", ["bubble", "all_gather", "reduce_scatter", "all_reduce", "send_recv"])
+@pytest.mark.parametrize("term", ["compute", "bubble", "all_gather", "reduce_scatter", "all_reduce", "send_recv"])
 def test_a_doubled_term_fails_the_check(scored, term):
     found, _, _ = scored
     assert found[term]["out_of_band"] == 1 and found[term]["moved_out"] >= 3, found[term]
 
 
-def test_compute_is_too_small_a_share_on_the_saved_run_to_be_checked(scored):
-    found, shares, _ = scored
-    assert max(shares) < 0.05
-    assert found["compute"]["out_of_band"] == 0 and found["overlap"]["out_of_band"] == 0
+def test_overlap_and_all_to_all_are_not_checked_by_the_saved_run(scored):
+    found, shares, rows = scored
+    pipelines = [s for s, r in zip(shares, rows) if r["layout"].pp > 1]
+    assert 0.25 < max(shares) == max(pipelines) < 0.5 and max(s for s in shares if s not in pipelines) < 0.25
+    assert found["overlap"]["out_of_band"] == 0 and found["all_to_all"]["out_of_band"] == 0
     assert found["all_to_all"]["moved_out"] == 0  # no layout of the saved run has experts
 
 
