@@ -29,7 +29,8 @@ class Placement(TorchFunctionMode):
         if name == "__get__" and args and isinstance(args[0], torch.Tensor):
             prop = getattr(getattr(func, "__self__", None), "__name__", "")
             index = getattr(args[0], sim.TAG, None)
-            if prop in ("device", "is_cuda") and index is not None and index >= 0 and sim.caller_outside_torch():
+            if (prop in ("device", "is_cuda") and index is not None and index >= 0
+                    and (id(args[0]) in state.told_cuda or sim.caller_outside_torch())):
                 return torch.device("cuda", index) if prop == "device" else True
             return func(*args, **kwargs)
         if name in sim.SYNCING:
