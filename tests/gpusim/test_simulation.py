@@ -260,3 +260,31 @@ def test_sync_batch_norm_on_the_host_is_still_refused_and_a_loader_pins_in_its_t
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["True", "SyncBatchNorm layers only work with GPU modules",
                                         "SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone"]
+
+
+CUDA_MESH = """\
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from ddpguide.core.mesh import mesh_device
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(rank)
+mesh = init_device_mesh("cuda", (1, 2), mesh_dim_names=("dp", "tp"))
+shards = distribute_tensor(torch.arange(4.0, device="cuda"), mesh["tp"], [Shard(0)])
+whole = shards.redistribute(mesh["tp"], [Replicate()]).full_tensor()
+print(rank, mesh.device_type, mesh["tp"].device_type, mesh_device(mesh["tp"]), shards.device,
+      shards.to_local().device, whole.device, whole.tolist() == [0.0, 1.0, 2.0, 3.0])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_cuda_mesh_says_cuda_outside_torch_and_its_dtensors_are_on_the_ranks_gpu(tmp_path):
+    """A CUDA mesh runs as a CPU one; the code outside torch sees it, its sub-meshes and its
+    DTensors on the rank's GPU, as on a GPU (chapter 9 takes its device from the mesh)."""
+    done = python(tmp_path, CUDA_MESH, argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.splitlines()) == [
+        f"{r} cuda cuda cuda:{r} cuda:{r} cuda:{r} cuda:{r} True" for r in range(2)]
