@@ -164,12 +164,12 @@ GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel
 # GPU_SIM_CHAPTERS). Seconds of each, one at a time on the 2-core machine under load 1-12:
 # appendix 11, 02 140, 03 69, 04 142, 05 135, 06 235,
 # 10 241, 13 45, 14 66, 15 78, 16 96, 18 109 (08, 11, 12 as above); 01 44 and 17 53 at load 0.3-0.6.
-# 07 151 at load 7-10 (its SyncBatchNorm: ddpguide/core/gpusim_syncbn.py).
-# Left out, for what the simulation cannot see: 09, whose CUDA mesh is a CPU mesh here, so mesh_device() gives the host and the world's
-# nccl group refuses it. 18 (98 s at load 1) includes its Slurm jobs: client_env() keeps the simulation's variables.
+# 07 151 at load 7-10 (its SyncBatchNorm: ddpguide/core/gpusim_syncbn.py); 09 278 at load 11-12
+# (its CUDA mesh is a CPU one that says cuda outside torch). 18 (98 s at load 1) includes its Slurm jobs: client_env() keeps the simulation's variables.
 GPU_SIM_ALL_CHAPTERS ?= book/appendix_measurements.ipynb book/01_spawn_ddp.ipynb \
 	book/02_collectives.ipynb book/03_torchrun.ipynb book/04_elastic.ipynb \
-	book/05_model_parallel.ipynb book/06_sbp.ipynb book/07_amp.ipynb $(GPU_SIM_CHAPTERS) book/10_debugging.ipynb \
+	book/05_model_parallel.ipynb book/06_sbp.ipynb book/07_amp.ipynb $(GPU_SIM_CHAPTERS) \
+	book/09_tensor_parallel.ipynb book/10_debugging.ipynb \
 	book/13_pipeline_schedules.ipynb book/14_gpt_capstone.ipynb \
 	book/15_cluster.ipynb book/16_plan.ipynb book/17_failures.ipynb book/18_slurm.ipynb
 gpu-sim: $(STAMP)

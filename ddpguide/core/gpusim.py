@@ -29,7 +29,8 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
   on a GPU that timer measures the launches, not the work.
 
 What it cannot see: kernels, the streams' real concurrency, torch's own internals on a GPU
-(FSDP2's streams, DTensor on a CUDA mesh, which runs on a CPU mesh here, compiled kernels),
+(FSDP2's streams, DTensor's own code on a CUDA mesh, which runs on a CPU mesh here and says
+"cuda" only to the code outside torch, compiled kernels),
 and NCCL's own errors beyond the three above. Reports go to stderr, or as JSON lines to the
 file ``DDPGUIDE_GPUSIM_LOG`` names.
 """
