@@ -205,14 +205,18 @@ def test_an_eager_module_under_torch_compile_compiles_no_graph_of_the_simulation
     assert done.stdout.split() == ["0", "cuda:0", "4.0", "1"]
 
 
-SYNC_BN = """\
+GPU_ONLY_PARTS = """\
 import copy
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+from ddpguide.core.mesh import mesh_device
 dist.init_process_group("nccl")
 rank = dist.get_rank()
+torch.cuda.set_device(rank)
 device = torch.device("cuda", rank)
 torch.manual_seed(0)
 net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(48, 1))
@@ -227,22 +231,36 @@ sync, plain = model.module[1], whole_net[1]
 gaps = [(a.grad - b.grad / 2).abs().max() for a, b in zip(model.module.parameters(), whole_net.parameters())]
 gaps += [(sync.running_mean - plain.running_mean).abs().max(), (sync.running_var - plain.running_var).abs().max(),
          (out - whole[:4] if rank == 0 else out - whole[4:]).abs().max()]
-print(rank, type(sync).__name__, out.device, max(g.item() for g in gaps) < 1e-5)
+seen = [f"{type(sync).__name__} {out.device} {max(g.item() for g in gaps) < 1e-5}"]
+mesh = init_device_mesh("cuda", (1, 2), mesh_dim_names=("dp", "tp"))
+shards = distribute_tensor(torch.arange(4.0, device="cuda"), mesh["tp"], [Shard(0)])
+whole = shards.redistribute(mesh["tp"], [Replicate()]).full_tensor()
+seen.append(f"{mesh.device_type} {mesh['tp'].device_type} {mesh_device(mesh['tp'])} {shards.device} "
+            f"{shards.to_local().device} {whole.device} {whole.tolist() == [0.0, 1.0, 2.0, 3.0]}")
+with open(f"rank{rank}.txt", "w") as f:  # a file each: the ranks' stdout would interleave
+    f.write("\\n".join(seen))
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.multiprocess
-def test_sync_batch_norm_runs_on_simulated_gpus_and_equals_batch_norm_on_the_whole_batch(tmp_path):
-    """torch's SyncBatchNorm runs on GPUs only (DDP's check, forward's, five CUDA kernels):
-    on simulated ones it trains as batch norm over both ranks' batches (4 and 6 images), outputs,
-    gradients and running statistics."""
-    done = python(tmp_path, SYNC_BN, argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
+def test_sync_batch_norm_and_a_cuda_mesh_run_on_simulated_gpus_as_on_gpus(tmp_path):
+    """torch's SyncBatchNorm runs on GPUs only (DDP's check, forward's, five CUDA kernels): on
+    simulated ones it trains as batch norm over both ranks' batches (4 and 6 images): outputs,
+    gradients and running statistics. A CUDA mesh runs as a CPU one; the code outside torch
+    sees it, its sub-meshes and its DTensors on the rank's GPU (chapter 9 takes its device
+    from the mesh)."""
+    done = python(tmp_path, GPU_ONLY_PARTS, argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(done.stdout.splitlines()) == ["0 SyncBatchNorm cuda:0 True", "1 SyncBatchNorm cuda:1 True"]
+    for r in range(2):
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == [
+            f"SyncBatchNorm cuda:{r} True", f"cuda cuda cuda:{r} cuda:{r} cuda:{r} cuda:{r} True"]
 
 
 def test_sync_batch_norm_on_the_host_is_still_refused_and_a_loader_pins_in_its_thread(tmp_path):
+    """A DataLoader with a worker pins its batches in a thread of its own, outside the
+    placement mode (pinning reached CUDA: "Found no NVIDIA driver"); SyncBatchNorm in a module
+    or on an input left on the host is refused as on a GPU machine."""
     done = python(tmp_path, ONE_RANK.replace('"nccl"', '"gloo"') + (
         "from torch.nn.parallel import DistributedDataParallel as DDP\n"
         "from torch.utils.data import DataLoader, TensorDataset\n"
@@ -260,31 +278,3 @@ def test_sync_batch_norm_on_the_host_is_still_refused_and_a_loader_pins_in_its_t
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["True", "SyncBatchNorm layers only work with GPU modules",
                                         "SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone"]
-
-
-CUDA_MESH = """\
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from ddpguide.core.mesh import mesh_device
-dist.init_process_group("nccl")
-rank = dist.get_rank()
-torch.cuda.set_device(rank)
-mesh = init_device_mesh("cuda", (1, 2), mesh_dim_names=("dp", "tp"))
-shards = distribute_tensor(torch.arange(4.0, device="cuda"), mesh["tp"], [Shard(0)])
-whole = shards.redistribute(mesh["tp"], [Replicate()]).full_tensor()
-print(rank, mesh.device_type, mesh["tp"].device_type, mesh_device(mesh["tp"]), shards.device,
-      shards.to_local().device, whole.device, whole.tolist() == [0.0, 1.0, 2.0, 3.0])
-dist.destroy_process_group()
-"""
-
-
-@pytest.mark.multiprocess
-def test_a_cuda_mesh_says_cuda_outside_torch_and_its_dtensors_are_on_the_ranks_gpu(tmp_path):
-    """A CUDA mesh runs as a CPU one; the code outside torch sees it, its sub-meshes and its
-    DTensors on the rank's GPU, as on a GPU (chapter 9 takes its device from the mesh)."""
-    done = python(tmp_path, CUDA_MESH, argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(done.stdout.splitlines()) == [
-        f"{r} cuda cuda cuda:{r} cuda:{r} cuda:{r} cuda:{r} True" for r in range(2)]
