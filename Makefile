@@ -161,16 +161,16 @@ gpu-check: $(STAMP)
 GPU_SIM_CHAPTERS ?= book/08_sharded_data_parallel.ipynb book/11_context_parallel.ipynb \
 	book/12_mixture_of_experts.ipynb
 # Every chapter that passes at 2 simulated GPUs (`make gpu-sim` runs them all; `make test` only
-# GPU_SIM_CHAPTERS). Seconds of each, one at a time on the 2-core machine under load 1-12:
-# appendix 11, 02 140, 03 69, 04 142, 05 135, 06 235,
-# 10 241, 13 45, 14 66, 15 78, 16 96, 18 109 (08, 11, 12 as above); 01 44 and 17 53 at load 0.3-0.6.
-# Left out, for what the simulation cannot see:
-# 07, whose DDP model has SyncBatchNorm on GPUs (DDP refuses it on the host module the simulation
-# keeps); 09, whose CUDA mesh is a CPU mesh here, so mesh_device() gives the host and the world's
-# nccl group refuses it. 18 (98 s at load 1) includes its Slurm jobs: client_env() keeps the simulation's variables.
+# GPU_SIM_CHAPTERS). Seconds of each, one at a time on the 2-core machine under load 3-12 (other
+# jobs beside them): appendix 27, 01 92, 02 68, 03 76, 04 121, 05 121, 06 182, 07 37,
+# 08 178, 09 278, 10 140, 11 139, 12 58, 13 38, 14 71, 15 41, 16 137, 17 55, 18 164.
+# 07's SyncBatchNorm runs on the simulated GPUs (ddpguide/core/gpusim_syncbn.py); 09's CUDA mesh
+# is a CPU one that says cuda outside torch. 18 includes its Slurm jobs: client_env() keeps the
+# simulation's variables.
 GPU_SIM_ALL_CHAPTERS ?= book/appendix_measurements.ipynb book/01_spawn_ddp.ipynb \
 	book/02_collectives.ipynb book/03_torchrun.ipynb book/04_elastic.ipynb \
-	book/05_model_parallel.ipynb book/06_sbp.ipynb $(GPU_SIM_CHAPTERS) book/10_debugging.ipynb \
+	book/05_model_parallel.ipynb book/06_sbp.ipynb book/07_amp.ipynb $(GPU_SIM_CHAPTERS) \
+	book/09_tensor_parallel.ipynb book/10_debugging.ipynb \
 	book/13_pipeline_schedules.ipynb book/14_gpt_capstone.ipynb \
 	book/15_cluster.ipynb book/16_plan.ipynb book/17_failures.ipynb book/18_slurm.ipynb
 gpu-sim: $(STAMP)

@@ -16,6 +16,8 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
   a group refuses a host tensor as nccl does ("No backend type associated with device type
   cpu"), a tensor of a device other than the rank's, and two ranks of one job on one GPU
   ("Duplicate GPU detected"); ``DistributedDataParallel`` refuses a module left on the host;
+* ``SyncBatchNorm`` runs on simulated GPUs (:mod:`ddpguide.core.gpusim_syncbn`), and a
+  ``DataLoader`` with ``pin_memory=True`` leaves its batches as they are;
 * ``torch.cuda.is_bf16_supported()`` is True, or False with ``DDPGUIDE_SIMULATE_GPU_BF16=0``
   (a GPU older than compute capability 8.0);
 * CUDA-only calls (``synchronize``, ``Event``, memory statistics and
@@ -27,7 +29,8 @@ process sees ``N`` GPUs, or as many of them as ``CUDA_VISIBLE_DEVICES`` names:
   on a GPU that timer measures the launches, not the work.
 
 What it cannot see: kernels, the streams' real concurrency, torch's own internals on a GPU
-(FSDP2's streams, DTensor on a CUDA mesh, which runs on a CPU mesh here, compiled kernels),
+(FSDP2's streams, DTensor's own code on a CUDA mesh, which runs on a CPU mesh here and says
+"cuda" only to the code outside torch, compiled kernels),
 and NCCL's own errors beyond the three above. Reports go to stderr, or as JSON lines to the
 file ``DDPGUIDE_GPUSIM_LOG`` names.
 """
@@ -41,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ddpguide.core import gpusim_nccl, gpusim_placement
+from ddpguide.core import gpusim_nccl, gpusim_placement, gpusim_syncbn
 from ddpguide.core import gpusim_state as sim
 from ddpguide.core.gpusim_state import BF16_ENV, ENV, LOG_ENV, SITE, State, visible_gpus
 
@@ -131,8 +134,13 @@ def install(gpus: int) -> State:
     cuda.set_rng_state = lambda *a, **k: None
     cuda.is_current_stream_capturing = lambda: False  # Dynamo asks before it traces a frame
     torch.load = _load(torch.load)
+    # a DataLoader pins in a thread of its own, where the placement mode (thread-local) is not
+    # entered; pinned memory is a host copy, so the batch stays as it is
+    import torch.utils.data._utils.pin_memory as pinning
+    pinning.pin_memory = _stub("pin_memory", lambda data, device=None: data)
     time.perf_counter = gpusim_nccl.timer(time.perf_counter)
     gpusim_nccl.patch_dist()
+    gpusim_syncbn.install()
     gpusim_placement.Placement(state).__enter__()  # type: ignore[no-untyped-call]
     _hide_from_dynamo()
     return state
@@ -168,7 +176,8 @@ def _hide_from_dynamo() -> None:
 
     from ddpguide.core import collective_devices
     seen: set[int] = set()
-    for module in (sys.modules[__name__], gpusim_placement, gpusim_nccl, sim, collective_devices):
+    for module in (sys.modules[__name__], gpusim_placement, gpusim_nccl, gpusim_syncbn, sim,
+                   collective_devices):
         for value in list(vars(module).values()):
             if getattr(value, "__module__", None) == module.__name__:
                 for code in _codes(value, seen):

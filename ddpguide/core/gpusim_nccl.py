@@ -156,8 +156,19 @@ def _patch_mesh() -> None:
         mesh = original("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
         if device_type == "cuda":  # its groups are nccl's on a GPU
             sim.STATE.nccl_groups.update(mesh.get_group(i) for i in range(mesh.ndim))
+            setattr(mesh, "_gpusim_cuda", True)  # noqa: B010
         return mesh
 
+    told: Any = device_mesh.DeviceMesh.device_type
+
+    def device_type(self: Any) -> str:
+        """A CUDA mesh, which is a CPU one here, says "cuda" to the code outside torch."""
+        real: str = told.fget(self)
+        if real == "cpu" and getattr(self._get_root_mesh(), "_gpusim_cuda", False) and sim.caller_outside_torch():
+            return "cuda"
+        return real
+
+    device_mesh.DeviceMesh.device_type = property(device_type)  # type: ignore[assignment,method-assign]
     device_mesh.init_device_mesh = init_device_mesh
     dist.device_mesh.init_device_mesh = init_device_mesh
 

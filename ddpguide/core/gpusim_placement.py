@@ -29,7 +29,12 @@ class Placement(TorchFunctionMode):
         if name == "__get__" and args and isinstance(args[0], torch.Tensor):
             prop = getattr(getattr(func, "__self__", None), "__name__", "")
             index = getattr(args[0], sim.TAG, None)
-            if prop in ("device", "is_cuda") and index is not None and index >= 0 and sim.caller_outside_torch():
+            spec = getattr(args[0], "_spec", None) if index is None else None  # a DTensor's, made by torch
+            if spec is not None and getattr(spec.mesh._get_root_mesh(), "_gpusim_cuda", False):
+                index = getattr(getattr(args[0], "_local_tensor", None), sim.TAG, None)
+                index = state.current if index is None or index < 0 else index
+            if (prop in ("device", "is_cuda") and index is not None and index >= 0
+                    and (id(args[0]) in state.told_cuda or sim.caller_outside_torch())):
                 return torch.device("cuda", index) if prop == "device" else True
             return func(*args, **kwargs)
         if name in sim.SYNCING:

@@ -40,6 +40,7 @@ class State:
         self.batch_of: dict[Any, tuple[Any, ...]] = {}  # a work: the works of its batch
         self.calls: dict[str, int] = {}
         self.reported: set[str] = set()
+        self.told_cuda: set[int] = set()  # ids of tensors whose device torch's code reads as cuda:K
 
     def record(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1

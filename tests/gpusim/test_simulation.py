@@ -1,6 +1,6 @@
 """The simulated GPU machine (``ddpguide.core.gpusim``, with
-``ddpguide.core.gpusim_state``, ``ddpguide.core.gpusim_placement``, ``ddpguide.core.gpusim_nccl``
-and the ``ddpguide.core.gpusim_site.sitecustomize`` that every process started with
+``ddpguide.core.gpusim_state``, ``ddpguide.core.gpusim_placement``, ``ddpguide.core.gpusim_nccl``,
+``ddpguide.core.gpusim_syncbn`` and the ``ddpguide.core.gpusim_site.sitecustomize`` that every process started with
 :func:`gpusim.environment` runs) refuses each hazard as nccl or a GPU
 would: a host tensor, another device's tensor, two ranks on one GPU, a module left on the
 host under DDP, a timer read while GPU work is queued."""
@@ -203,3 +203,78 @@ def test_an_eager_module_under_torch_compile_compiles_no_graph_of_the_simulation
         "print(y.device, y.sum().item(), len(graphs))\n"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "cuda:0", "4.0", "1"]
+
+
+GPU_ONLY_PARTS = """\
+import copy
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+from ddpguide.core.mesh import mesh_device
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(rank)
+device = torch.device("cuda", rank)
+torch.manual_seed(0)
+net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(48, 1))
+whole_net = copy.deepcopy(net)  # one process, plain BatchNorm, both ranks' batches at once
+batches = [torch.randn(2 * r + 4, 1, 6, 6, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(net).to(device), device_ids=[rank])
+out = model(batches[rank].to(device))
+out.square().sum().backward()
+whole = whole_net(torch.cat(batches))
+(whole[:4].square().sum() + whole[4:].square().sum()).backward()
+sync, plain = model.module[1], whole_net[1]
+gaps = [(a.grad - b.grad / 2).abs().max() for a, b in zip(model.module.parameters(), whole_net.parameters())]
+gaps += [(sync.running_mean - plain.running_mean).abs().max(), (sync.running_var - plain.running_var).abs().max(),
+         (out - whole[:4] if rank == 0 else out - whole[4:]).abs().max()]
+seen = [f"{type(sync).__name__} {out.device} {max(g.item() for g in gaps) < 1e-5}"]
+mesh = init_device_mesh("cuda", (1, 2), mesh_dim_names=("dp", "tp"))
+shards = distribute_tensor(torch.arange(4.0, device="cuda"), mesh["tp"], [Shard(0)])
+whole = shards.redistribute(mesh["tp"], [Replicate()]).full_tensor()
+seen.append(f"{mesh.device_type} {mesh['tp'].device_type} {mesh_device(mesh['tp'])} {shards.device} "
+            f"{shards.to_local().device} {whole.device} {whole.tolist() == [0.0, 1.0, 2.0, 3.0]}")
+with open(f"rank{rank}.txt", "w") as f:  # a file each: the ranks' stdout would interleave
+    f.write("\\n".join(seen))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.multiprocess
+def test_sync_batch_norm_and_a_cuda_mesh_run_on_simulated_gpus_as_on_gpus(tmp_path):
+    """torch's SyncBatchNorm runs on GPUs only (DDP's check, forward's, five CUDA kernels): on
+    simulated ones it trains as batch norm over both ranks' batches (4 and 6 images): outputs,
+    gradients and running statistics. A CUDA mesh runs as a CPU one; the code outside torch
+    sees it, its sub-meshes and its DTensors on the rank's GPU (chapter 9 takes its device
+    from the mesh)."""
+    done = python(tmp_path, GPU_ONLY_PARTS, argv=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in range(2):
+        assert (tmp_path / f"rank{r}.txt").read_text().splitlines() == [
+            f"SyncBatchNorm cuda:{r} True", f"cuda cuda cuda:{r} cuda:{r} cuda:{r} cuda:{r} True"]
+
+
+def test_sync_batch_norm_on_the_host_is_still_refused_and_a_loader_pins_in_its_thread(tmp_path):
+    """A DataLoader with a worker pins its batches in a thread of its own, outside the
+    placement mode (pinning reached CUDA: "Found no NVIDIA driver"); SyncBatchNorm in a module
+    or on an input left on the host is refused as on a GPU machine."""
+    done = python(tmp_path, ONE_RANK.replace('"nccl"', '"gloo"') + (
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2, pin_memory=True, num_workers=1)\n"
+        "print([b[0].to(device).device for b in loader] == [device, device])\n"
+        "bn = torch.nn.SyncBatchNorm(2)\n"
+        "try:\n"
+        "    DDP(torch.nn.Sequential(torch.nn.Linear(2, 2), bn))\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        "try:\n"
+        "    bn(torch.ones(3, 2))  # a host input, in training, with a process group\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["True", "SyncBatchNorm layers only work with GPU modules",
+                                        "SyncBatchNorm expected input tensor to be on GPU or XPU or privateuseone"]
