@@ -537,7 +537,7 @@ def check(args, parser):
 
 
 def main(argv=None):
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog=os.path.basename(__file__), description=__doc__.splitlines()[0])
     parser.add_argument("--group", default=from_env("REPLICA_GROUP_ID"),
                         help="this replica group's number (default: $REPLICA_GROUP_ID)")
     parser.add_argument("--groups", default=from_env("NUM_REPLICA_GROUPS"),
