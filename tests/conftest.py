@@ -24,6 +24,10 @@ from tests.process_marks import ProcessWatch, mark_items
 
 
 def pytest_configure(config):
+    # matplotlib asks fc-list for the fonts once a machine, the first time it is imported (a new
+    # machine has no font cache): here, before any test is watched for processes it starts
+    import matplotlib.font_manager  # noqa: F401
+
     config._process_watch = ProcessWatch()
     programs.LAUNCH = "typed-once"  # before any fixture, session-wide ones included
 
