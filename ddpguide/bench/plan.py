@@ -13,6 +13,10 @@
   ``step_predicted_over_measured`` per layout, ``rank_correlation`` (Spearman),
   ``best_layout_measured_over_best_measured``, and the same ranking with DTensor's built-in
   link constants in place of the measured links (``..._dtensor_constants``);
+* the command: the ``torchrun`` lines ``python -m ddpguide.plan`` prints for that GPT on the
+  cluster's hardware, run as printed just after the hardware is measured
+  (:mod:`ddpguide.bench.plan_command`): ``command_step_predicted_over_measured``,
+  ``command_memory_predicted_over_measured``;
 * time on loopback (no link limit, so compute is most of some steps): the ``LOOPBACK`` layouts
   of GPTs of several widths, each predicted from ``plan_measure.py --measure`` and ``--sweep``
   run just before it, with as many ranks (``..._loopback_table``), and with the matmul rate
@@ -43,8 +47,11 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+from ddpguide.bench import plan_command
 from ddpguide.bench.report import Report
 from ddpguide.plan import calibrate, catalog, checks, measure, perturb, published, search, tracker
 from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
@@ -86,6 +93,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
         net = hw.links["net"]
         _say(f"cluster {LINK}: net alpha {net[0] * 1e3:.2f} ms, {1 / net[1] / 1e6:.2f} MB/s, burst "
              f"{net[2] / 1e3:.0f} kB; {hw.cores:.2f} cores for 4 busy ranks")
+        with tempfile.TemporaryDirectory(prefix="ddpguide-plan-command-") as folder:  # beside the hardware
+            plan_command.measure(report, p, cluster, hw, Path(folder), steps=5 if quick else 20)
         bar.total += len(layouts)
         for lay in layouts:
             name = search.name(lay)
