@@ -187,15 +187,14 @@ def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
 def tracked(report: Report, p, policy) -> None:
     """The predicted simultaneous peak (``at_peak``: FSDP's gathered and prefetched blocks, DDP's
     buckets, the loss's gradients included) over the peak torch's own tracker (FSDPMemTracker,
-    MemTracker) sees at the busiest rank, each data-parallel layout of the checks' GPT on 4 ranks
-    (``tracker.peak`` runs one module, its loss a plain tensor's: no pipeline, no TP's split
-    logits)."""
+    MemTracker) sees at the busiest rank, every layout of the checks' GPT on 4 ranks
+    (``tracker.peak``: TP's loss under ``loss_parallel``, CP's zig-zag chunks, a pipeline's
+    micro-batches under its schedule, as train.py runs them)."""
     model = catalog.model(p, "gpt-check")
     config = dict(dim=model.dim, heads=model.heads, layers=model.layers)
     for lay in search.plain(p, model, 4, CHECK_BATCH, CHECK_SEQ):
-        if lay.pp * lay.cp * lay.ep * lay.tp > 1:
-            continue
-        snaps = tracker.peak({a: n for a, n in lay.sizes().items() if n > 1}, config, CHECK_SEQ, CHECK_BATCH)
+        snaps = tracker.peak({a: n for a, n in lay.sizes().items() if n > 1}, config, CHECK_SEQ, CHECK_BATCH,
+                             microbatches=lay.microbatches, schedule=lay.schedule)
         ratio = tracker.predicted_over_tracked(p, model, lay, policy, CHECK_SEQ, CHECK_BATCH, snaps)
         report.ratios[f"memory_predicted_over_tracker: {search.name(lay)}"] = ratio
         _say(f"{search.name(lay)}: predicted peak / {snaps[0]['tracker']} {ratio:.3f}")
