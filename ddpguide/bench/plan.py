@@ -54,9 +54,18 @@ from pathlib import Path
 from ddpguide.bench import plan_command
 from ddpguide.bench.report import Report
 from ddpguide.plan import calibrate, catalog, checks, measure, perturb, published, search, tracker
-from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
+from ddpguide.plan.checks import (
+    CHECK_BATCH,
+    CHECK_SEQ,
+    LINK,
+    NODES,
+    RANKS_PER_NODE,
+    TIME_BATCH,
+    TIME_MODEL,
+    TIME_SEQ,
+    TRACKER,
+)
 
-CHECK_SEQ, CHECK_BATCH = 16, 8
 #: the memory check's runs on loopback: (label, ranks, the checks' GPT changed so)
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
@@ -184,20 +193,14 @@ def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
     return rows
 
 
-def tracked(report: Report, p, policy) -> None:
+def tracked(report: Report, p) -> None:
     """The predicted simultaneous peak (``at_peak``: FSDP's gathered and prefetched blocks, DDP's
     buckets, the loss's gradients included) over the peak torch's own tracker (FSDPMemTracker,
     MemTracker) sees at the busiest rank, every layout of the checks' GPT on 4 ranks
-    (``tracker.peak``: TP's loss under ``loss_parallel``, CP's zig-zag chunks, a pipeline's
-    micro-batches under its schedule, as train.py runs them)."""
-    model = catalog.model(p, "gpt-check")
-    config = dict(dim=model.dim, heads=model.heads, layers=model.layers)
-    for lay in search.plain(p, model, 4, CHECK_BATCH, CHECK_SEQ):
-        snaps = tracker.peak({a: n for a, n in lay.sizes().items() if n > 1}, config, CHECK_SEQ, CHECK_BATCH,
-                             microbatches=lay.microbatches, schedule=lay.schedule)
-        ratio = tracker.predicted_over_tracked(p, model, lay, policy, CHECK_SEQ, CHECK_BATCH, snaps)
-        report.ratios[f"memory_predicted_over_tracker: {search.name(lay)}"] = ratio
-        _say(f"{search.name(lay)}: predicted peak / {snaps[0]['tracker']} {ratio:.3f}")
+    (:func:`tracker.every_layout`: TP's loss under ``loss_parallel``, CP's zig-zag chunks, a
+    pipeline's micro-batches under its schedule, as train.py runs them)."""
+    for name, ratio in tracker.every_layout(p, CHECK_SEQ, CHECK_BATCH, say=_say).items():
+        report.ratios[f"{TRACKER}{name}"] = ratio
 
 
 def run(quick: bool = False) -> Report:
@@ -226,7 +229,7 @@ def run(quick: bool = False) -> Report:
              + (f" (all ranks; the busiest {mem['peak']:.4f})" if lay.ep > 1 else ""))
     bar.close()
     if not quick:
-        tracked(report, p, check_pol)
+        tracked(report, p)
     memory = {k: v for k, v in report.ratios.items() if k.startswith("memory_predicted_over_measured")}
     report.add("memory predicted over measured, all layouts", statistics.median(memory.values()), "median",
                min=min(memory.values()), max=max(memory.values()), layouts=len(memory))

@@ -14,6 +14,9 @@ The ``plan`` suite measures this on its cluster, just after the hardware.
 ``python -m ddpguide.bench.plan_command --add FILE`` measures it alone, on a cluster of its
 own with its hardware measured anew, and adds it to a saved report of the ``plan`` suite (its
 measurement, its ratios and a note with its time and load); the rest of the report is kept.
+``--parts trackers`` (or ``--parts command trackers``) adds the suite's
+``memory_predicted_over_tracker`` ratios the same way instead (or too): torch's memory
+trackers on every layout at 4 ranks (``plan.tracker.every_layout``; no cluster, no timing).
 """
 
 from __future__ import annotations
@@ -66,29 +69,40 @@ def measure(report: Report, p: ModuleType, cluster: Any, hw: Any, folder: Path, 
     return found
 
 
-def add_to(path: Path, folder: Path) -> dict:
-    """Make a cluster of the suite's shape, measure its hardware, run :func:`measure` and add it
-    to the plan report saved at ``path`` (written whole)."""
-    from ddpguide.cluster import Spec, up
+def add_to(path: Path, folder: Path, parts: tuple[str, ...] = ("command",)) -> dict:
+    """Measure ``parts`` alone: ``command`` (a cluster of the suite's shape made, its hardware
+    measured, :func:`measure`), ``trackers`` (:func:`tracker.every_layout`); add them to the plan
+    report saved at ``path`` (written whole), replacing what the same parts put there before."""
     from ddpguide.core.commands import write_atomically
-    from ddpguide.plan import measure as measuring
-    from ddpguide.plan import search
-    from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE
+    from ddpguide.plan import search, tracker
+    from ddpguide.plan.checks import CHECK_BATCH, CHECK_SEQ, TRACKER
 
     saved = json.loads(path.read_text())
     at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load = round(os.getloadavg()[0], 2)
     report = Report("plan")
     p = search.program()
-    with up(Spec(nodes=NODES, ranks_per_node=RANKS_PER_NODE, link=LINK)) as cluster:
-        hw = measuring.cluster_hardware(p, cluster, folder / "hardware")
-        measure(report, p, cluster, hw, folder)
-    saved["measurements"] = [m for m in saved["measurements"] if not m["name"].startswith(PREFIX)]
-    saved["measurements"] += report.to_dict()["measurements"]
-    saved["ratios"].update({k: v for k, v in report.ratios.items() if k in ANCHORS})
-    saved["notes"] = [n for n in saved["notes"] if not n.startswith(f"{STEP}:")] + [
-        f"{STEP}: measured alone at {at} (load {load} to {round(os.getloadavg()[0], 2)}) on a cluster of its "
-        "own with its hardware measured anew, by python -m ddpguide.bench.plan_command --add"]
+    if "command" in parts:
+        from ddpguide.cluster import Spec, up
+        from ddpguide.plan import measure as measuring
+        from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE
+
+        with up(Spec(nodes=NODES, ranks_per_node=RANKS_PER_NODE, link=LINK)) as cluster:
+            hw = measuring.cluster_hardware(p, cluster, folder / "hardware")
+            measure(report, p, cluster, hw, folder)
+        saved["measurements"] = [m for m in saved["measurements"] if not m["name"].startswith(PREFIX)]
+        saved["measurements"] += report.to_dict()["measurements"]
+    if "trackers" in parts:
+        saved["ratios"] = {k: v for k, v in saved["ratios"].items() if not k.startswith(TRACKER)}
+        report.ratios.update({f"{TRACKER}{name}": ratio for name, ratio in tracker.every_layout(
+            p, CHECK_SEQ, CHECK_BATCH, say=lambda line: print(line, flush=True)).items()})
+    saved["ratios"].update(report.ratios)
+    for part in parts:
+        first = STEP if part == "command" else TRACKER.rstrip(": ")
+        saved["notes"] = [n for n in saved["notes"] if not n.startswith(f"{first}:")] + [
+            f"{first}: measured alone at {at} (load {load} to {round(os.getloadavg()[0], 2)})"
+            + (" on a cluster of its own with its hardware measured anew" if part == "command" else "")
+            + f", by python -m ddpguide.bench.plan_command --add --parts {part}"]
     write_atomically(path, json.dumps(saved, indent=2) + "\n")
     return saved
 
@@ -102,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m ddpguide.bench.plan_command", description=__doc__.splitlines()[0])
     parser.add_argument("--add", metavar="FILE", required=True,
                         help="a saved report of the plan suite, to add the measurement to")
+    parser.add_argument("--parts", nargs="+", choices=("command", "trackers"), default=["command"],
+                        help="what to measure and add: the printed command (root), torch's trackers")
     args = parser.parse_args(argv)
     path = Path(args.add)
     try:
@@ -110,13 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         suite = None
     if suite != "plan":
         parser.error(f"--add {path}: not a saved report of the plan suite")
-    missing = missing_prerequisite()
+    missing = missing_prerequisite() if "command" in args.parts else None
     if missing:
         parser.error(f"the emulated cluster: {missing}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="ddpguide-plan-command-") as tmp:
-        saved = add_to(path, Path(tmp))
-    print(f"{STEP} {saved['ratios'][STEP]:.3f}, {MEMORY} {saved['ratios'][MEMORY]:.3f}")
+        saved = add_to(path, Path(tmp), tuple(dict.fromkeys(args.parts)))
+    if "command" in args.parts:
+        print(f"{STEP} {saved['ratios'][STEP]:.3f}, {MEMORY} {saved['ratios'][MEMORY]:.3f}")
     return 0
 
 

@@ -19,7 +19,7 @@ calls"); the stage's own statistics are dropped before each call, the tracker's 
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from ddpguide.launch.programs import load
 from ddpguide.launch.spawn import spawn
@@ -118,3 +118,20 @@ def predicted_over_tracked(p: ModuleType, model: Any, layout: Any, policy: Any, 
     predicted = max(sum(p.at_peak(model, layout, policy, batch, seq, r).values())
                     for r in range(layout.world))
     return predicted / max(s["Total"] for s in snaps)
+
+
+def every_layout(p: ModuleType, seq: int, batch: int, world: int = 4,
+                 say: Callable[[str], None] = lambda line: None) -> dict[str, float]:
+    """:func:`predicted_over_tracked` for every layout of the checks' GPT (float64) on ``world``
+    ranks, by layout name; ``say`` gets a line for each as it is measured."""
+    from ddpguide.plan import catalog, search
+
+    model, policy = catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+    config = dict(dim=model.dim, heads=model.heads, layers=model.layers)
+    out = {}
+    for lay in search.plain(p, model, world, batch, seq):
+        snaps = peak({a: n for a, n in lay.sizes().items() if n > 1}, config, seq, batch,
+                     microbatches=lay.microbatches, schedule=lay.schedule)
+        out[search.name(lay)] = predicted_over_tracked(p, model, lay, policy, seq, batch, snaps)
+        say(f"{search.name(lay)}: predicted peak / {snaps[0]['tracker']} {out[search.name(lay)]:.3f}")
+    return out

@@ -59,6 +59,21 @@ def test_add_replaces_only_its_own_figures(tmp_path, monkeypatch):
     assert saved["notes"][1].startswith(f"{plan_command.STEP}: measured alone at ")
 
 
+def test_add_trackers_replaces_the_tracker_ratios_only(tmp_path, monkeypatch):
+    from ddpguide.plan import checks as plan
+    from ddpguide.plan import tracker
+
+    monkeypatch.setattr(tracker, "every_layout", lambda p, seq, batch, say: {"TP 4": 0.92, "DDP 4": 1.0})
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**SAVED, "ratios": {**SAVED["ratios"], f"{plan.TRACKER}FSDP 4": 0.98}}))
+    saved = plan_command.add_to(path, tmp_path, ("trackers",))
+    assert saved["ratios"] == {"rank_correlation": 0.9, plan_command.STEP: 3.0, f"{plan.TRACKER}TP 4": 0.92,
+                               f"{plan.TRACKER}DDP 4": 1.0}
+    assert saved["measurements"] == SAVED["measurements"]
+    assert saved["notes"][:2] == SAVED["notes"] and saved["notes"][2].startswith(
+        "memory_predicted_over_tracker: measured alone at ")
+
+
 def test_the_ratios_are_anchored_in_the_appendix():
     assert {k: ANCHORS["plan"][k].goal for k in plan_command.ANCHORS} == {
         plan_command.STEP: "0.8-1.25", plan_command.MEMORY: "0.9-1.1"}
