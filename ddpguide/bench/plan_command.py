@@ -110,22 +110,14 @@ def add_to(path: Path, folder: Path, parts: tuple[str, ...] = ("command",)) -> d
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
+    from ddpguide.bench.report import add_parser, saved_suite
     from ddpguide.cluster.netns import missing_prerequisite
-    from ddpguide.core.commands import OneLineParser
 
-    parser = OneLineParser(prog="python -m ddpguide.bench.plan_command", description=__doc__.splitlines()[0])
-    parser.add_argument("--add", metavar="FILE", required=True,
-                        help="a saved report of the plan suite, to add the measurement to")
+    parser = add_parser("python -m ddpguide.bench.plan_command", __doc__.splitlines()[0], "plan")
     parser.add_argument("--parts", nargs="+", choices=("command", "trackers"), default=["command"],
                         help="what to measure and add: the printed command (root), torch's trackers")
     args = parser.parse_args(argv)
-    path = Path(args.add)
-    try:
-        suite = json.loads(path.read_text()).get("suite")
-    except (OSError, ValueError, AttributeError):
-        suite = None
-    if suite != "plan":
-        parser.error(f"--add {path}: not a saved report of the plan suite")
+    path = saved_suite(parser, args.add, "plan")
     missing = missing_prerequisite() if "command" in args.parts else None
     if missing:
         parser.error(f"the emulated cluster: {missing}")
