@@ -110,7 +110,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "cluster.spec",
     ), ("bench", "cluster", "doctor")),
     "16_plan": ("16", (
-        "cluster.netns", "launch.programs", "plan.catalog", "plan.checks", "plan.measure",
+        "cluster.netns", "launch.programs", "plan.catalog", "plan.checks", "plan.command", "plan.measure",
         "plan.perturb", "plan.published", "plan.saved", "plan.search", "plan.tracker", "plan.viz",
     ), ("bench", "plan")),
     "17_failures": ("17", (

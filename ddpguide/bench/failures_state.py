@@ -220,20 +220,10 @@ def add_to(path: Path, folder: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    from ddpguide.core.commands import OneLineParser
+    from ddpguide.bench.report import add_parser, saved_suite
 
-    parser = OneLineParser(prog="python -m ddpguide.bench.failures_state",
-                           description=__doc__.splitlines()[0])
-    parser.add_argument("--add", metavar="FILE", required=True,
-                        help="a saved report of the failures suite, to add the measurement to")
-    args = parser.parse_args(argv)
-    path = Path(args.add)
-    try:
-        suite = json.loads(path.read_text()).get("suite")
-    except (OSError, ValueError, AttributeError):
-        suite = None
-    if suite != "failures":
-        parser.error(f"--add {path}: not a saved report of the failures suite")
+    parser = add_parser("python -m ddpguide.bench.failures_state", __doc__.splitlines()[0], "failures")
+    path = saved_suite(parser, parser.parse_args(argv).add, "failures")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="ddpguide-failures-state-") as tmp:
         saved = add_to(path, Path(tmp))

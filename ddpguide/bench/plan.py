@@ -13,6 +13,10 @@
   ``step_predicted_over_measured`` per layout, ``rank_correlation`` (Spearman),
   ``best_layout_measured_over_best_measured``, and the same ranking with DTensor's built-in
   link constants in place of the measured links (``..._dtensor_constants``);
+* the command: the ``torchrun`` lines ``python -m ddpguide.plan`` prints for that GPT on the
+  cluster's hardware, run as printed just after the hardware is measured
+  (:mod:`ddpguide.bench.plan_command`): ``command_step_predicted_over_measured``,
+  ``command_memory_predicted_over_measured``;
 * time on loopback (no link limit, so compute is most of some steps): the ``LOOPBACK`` layouts
   of GPTs of several widths, each predicted from ``plan_measure.py --measure`` and ``--sweep``
   run just before it, with as many ranks (``..._loopback_table``), and with the matmul rate
@@ -43,13 +47,25 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
+from ddpguide.bench import plan_command
 from ddpguide.bench.report import Report
 from ddpguide.plan import calibrate, catalog, checks, measure, perturb, published, search, tracker
-from ddpguide.plan.checks import LINK, NODES, RANKS_PER_NODE, TIME_BATCH, TIME_MODEL, TIME_SEQ
+from ddpguide.plan.checks import (
+    CHECK_BATCH,
+    CHECK_SEQ,
+    LINK,
+    NODES,
+    RANKS_PER_NODE,
+    TIME_BATCH,
+    TIME_MODEL,
+    TIME_SEQ,
+    TRACKER,
+)
 
-CHECK_SEQ, CHECK_BATCH = 16, 8
 #: the memory check's runs on loopback: (label, ranks, the checks' GPT changed so)
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
@@ -86,6 +102,8 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
         net = hw.links["net"]
         _say(f"cluster {LINK}: net alpha {net[0] * 1e3:.2f} ms, {1 / net[1] / 1e6:.2f} MB/s, burst "
              f"{net[2] / 1e3:.0f} kB; {hw.cores:.2f} cores for 4 busy ranks")
+        with tempfile.TemporaryDirectory(prefix="ddpguide-plan-command-") as folder:  # beside the hardware
+            plan_command.measure(report, p, cluster, hw, Path(folder), steps=5 if quick else 20)
         bar.total += len(layouts)
         for lay in layouts:
             name = search.name(lay)
@@ -175,21 +193,14 @@ def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
     return rows
 
 
-def tracked(report: Report, p, policy) -> None:
+def tracked(report: Report, p) -> None:
     """The predicted simultaneous peak (``at_peak``: FSDP's gathered and prefetched blocks, DDP's
     buckets, the loss's gradients included) over the peak torch's own tracker (FSDPMemTracker,
-    MemTracker) sees at the busiest rank, each data-parallel layout of the checks' GPT on 4 ranks
-    (``tracker.peak`` runs one module, its loss a plain tensor's: no pipeline, no TP's split
-    logits)."""
-    model = catalog.model(p, "gpt-check")
-    config = dict(dim=model.dim, heads=model.heads, layers=model.layers)
-    for lay in search.plain(p, model, 4, CHECK_BATCH, CHECK_SEQ):
-        if lay.pp * lay.cp * lay.ep * lay.tp > 1:
-            continue
-        snaps = tracker.peak({a: n for a, n in lay.sizes().items() if n > 1}, config, CHECK_SEQ, CHECK_BATCH)
-        ratio = tracker.predicted_over_tracked(p, model, lay, policy, CHECK_SEQ, CHECK_BATCH, snaps)
-        report.ratios[f"memory_predicted_over_tracker: {search.name(lay)}"] = ratio
-        _say(f"{search.name(lay)}: predicted peak / {snaps[0]['tracker']} {ratio:.3f}")
+    MemTracker) sees at the busiest rank, every layout of the checks' GPT on 4 ranks
+    (:func:`tracker.every_layout`: TP's loss under ``loss_parallel``, CP's zig-zag chunks, a
+    pipeline's micro-batches under its schedule, as train.py runs them)."""
+    for name, ratio in tracker.every_layout(p, CHECK_SEQ, CHECK_BATCH, say=_say).items():
+        report.ratios[f"{TRACKER}{name}"] = ratio
 
 
 def run(quick: bool = False) -> Report:
@@ -218,7 +229,7 @@ def run(quick: bool = False) -> Report:
              + (f" (all ranks; the busiest {mem['peak']:.4f})" if lay.ep > 1 else ""))
     bar.close()
     if not quick:
-        tracked(report, p, check_pol)
+        tracked(report, p)
     memory = {k: v for k, v in report.ratios.items() if k.startswith("memory_predicted_over_measured")}
     report.add("memory predicted over measured, all layouts", statistics.median(memory.values()), "median",
                min=min(memory.values()), max=max(memory.values()), layouts=len(memory))

@@ -2,6 +2,7 @@
 reference, goal. The per-layout and per-row ratios are named by their layout or row and
 explained by the chapter."""
 
+from ddpguide.bench.plan_command import ANCHORS as COMMAND
 from ddpguide.plan.perturb import TERMS
 
 ANCHORS: dict[str, tuple[str, str, str]] = {
@@ -32,6 +33,7 @@ ANCHORS: dict[str, tuple[str, str, str]] = {
     "compute_share_max": ("the same, the layout with the most", "", "> 0.75"),
     "memory_predicted_over_tracker: *": ("predicted peak, every part (FSDP's buffers included) / the peak torch's "
                                          "FSDPMemTracker or MemTracker sees, busiest rank, loopback", "", "0.9-1.1"),
+    **COMMAND,
     **{f"perturbed_{term}_out_of_band": (f"1 when the model with its {term} doubled moves a layout out of "
                                          "0.8-1.25 (or Spearman below 0.8): the time check catches that error",
                                          "", "1") for term in TERMS},

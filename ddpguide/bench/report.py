@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ddpguide.core.commands import check_output_file, json_with_keys, write_atomically
+from ddpguide.core.commands import OneLineParser, check_output_file, json_with_keys, write_atomically
 
 #: What every report has (``Report.to_dict``): a file with these may be replaced by a new one.
 REPORT_KEYS = ("suite", "measurements", "ratios")
@@ -149,6 +149,27 @@ def check_report_file(path: str | os.PathLike, option: str,
     return check_output_file(path, option, protected=protected or (),
                              may_replace=json_with_keys(REPORT_KEYS),
                              replaceable="a benchmark report")
+
+
+def add_parser(prog: str, description: str, suite: str) -> OneLineParser:
+    """The command line of a measurement added alone to a saved report: ``--add FILE``."""
+    parser = OneLineParser(prog=prog, description=description)
+    parser.add_argument("--add", metavar="FILE", required=True,
+                        help=f"a saved report of the {suite} suite, to add the measurement to")
+    return parser
+
+
+def saved_suite(parser: OneLineParser, value: str, suite: str) -> Path:
+    """``--add``'s file, when it holds a saved report of ``suite``; else the parser's one-line
+    error (exit status 2, nothing written)."""
+    path = Path(value)
+    try:
+        found = json.loads(path.read_text()).get("suite")
+    except (OSError, ValueError, AttributeError):
+        found = None
+    if found != suite:
+        parser.error(f"--add {path}: not a saved report of the {suite} suite")
+    return path
 
 
 def format_spread(spread: dict[str, float] | None) -> str:

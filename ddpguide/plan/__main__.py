@@ -66,8 +66,8 @@ def check(args: argparse.Namespace) -> str | None:
             sheet = hardware.load(search.program(), args.hardware)
         except InputError as error:
             return str(error)
-    if sheet is not None:
-        per_node = args.gpus_per_node or sheet.gpus_per_node
+    if args.hardware != "cluster":  # this machine's nodes: the program's default, as hardware.measured keeps it
+        per_node = args.gpus_per_node or (sheet or search.program().Hardware()).gpus_per_node
         try:
             render.nodes(args.gpus, per_node)
         except render.Unrunnable:
@@ -175,17 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         print("\nno layout fits in memory")
         return 0
     print(f"\nbest: {best['name']}")
-    for row in (r for r in rows if r["fits"]):
-        try:
-            lines = render.command(row["layout"], hw.gpus_per_node, model, seq, args.global_batch, dtype)
-        except render.Unrunnable as why:
-            if row is best:
-                print(f"the capstone's train.py cannot run it: {why}")
-            continue
+    row, lines, why = render.chosen(rows, hw.gpus_per_node, model, seq, args.global_batch, dtype)
+    if why:
+        print(f"the capstone's train.py cannot run it: {why}")
+    if row is not None:
         print(("run it" if row is best else f"the fastest train.py runs, {row['name']}: run it")
               + " with the capstone's train.py:")
         print("\n".join(lines))
-        break
     return 0
 
 

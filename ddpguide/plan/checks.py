@@ -20,6 +20,9 @@ from typing import Any
 #: between the nodes and the cluster's shape (4 ranks on this machine's 2 cores)
 TIME_MODEL = dict(layers=2, dim=256, heads=4, ffn=1024)
 TIME_SEQ, TIME_BATCH, LINK, NODES, RANKS_PER_NODE = 64, 8, "20mbit", 2, 2
+#: the memory checks' GPT (``gpt-check``, float64): its sequence and batch, and the prefix of the
+#: ratios of torch's trackers against the predicted peak
+CHECK_SEQ, CHECK_BATCH, TRACKER = 16, 8, "memory_predicted_over_tracker: "
 
 
 def _ranks(values: list[float]) -> list[float]:

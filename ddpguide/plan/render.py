@@ -3,7 +3,8 @@
 :func:`options` is a layout's options (``--pp 2 --dp-shard 2 --microbatches 4 ...``);
 :func:`model_options` the model's shape, the sequence, the batch and the dtype;
 :func:`command` the ``torchrun`` lines that run them: one a node, for exactly the layout's
-ranks. What ``train.py`` cannot run (selective checkpointing, the interleaved schedule, a
+ranks; :func:`chosen` the row whose lines ``python -m ddpguide.plan`` prints. What
+``train.py`` cannot run (selective checkpointing, the interleaved schedule, a
 model other than its own GPT, float8) is refused with the reason (:class:`Unrunnable`).
 """
 
@@ -82,3 +83,17 @@ def command(layout: Any, gpus_per_node: int, model: Any, seq: int, batch: int, d
         return [f"torchrun --standalone --nproc-per-node {layout.world} {PROGRAM} {tail}"]
     return [f"torchrun --nnodes {count} --node-rank {r} --nproc-per-node {gpus_per_node} "
             f"--rdzv-backend c10d --rdzv-endpoint NODE0:29500 {PROGRAM} {tail}" for r in range(count)]
+
+
+def chosen(rows: list[dict[str, Any]], gpus_per_node: int, model: Any, seq: int, batch: int,
+           dtype: str) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """The first ranked row that fits and that ``train.py`` runs, with its :func:`command`
+    (``None`` and no lines where none does), and why the best fitting row is not it (``None``
+    when it is): what ``python -m ddpguide.plan`` prints."""
+    why = None
+    for row in (r for r in rows if r["fits"]):
+        try:
+            return row, command(row["layout"], gpus_per_node, model, seq, batch, dtype), why
+        except Unrunnable as refused:
+            why = why or str(refused)
+    return None, [], why

@@ -18,6 +18,7 @@ def test_quick_plan_suite():
     report = plan.run(quick=True)
     fixed = {"rank_correlation", "rank_correlation_dtensor_constants", "best_layout_measured_over_best_measured",
              "best_layout_measured_over_best_measured_dtensor_constants", "compute_share_min", "compute_share_max",
+             "command_step_predicted_over_measured", "command_memory_predicted_over_measured",
              *(f"perturbed_{term}_out_of_band" for term in perturb.TERMS)}
     full_only = {"rank_correlation_loopback"}  # the loopback runs: not in the quick mode
     assert fixed <= set(report.ratios) and fixed | full_only == {k for k in ANCHORS["plan"] if not k.endswith(": *")}
