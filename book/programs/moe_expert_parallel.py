@@ -506,10 +506,11 @@ def check_case(args, device, mesh, dtype, k, factor, lr=0.1):
     lines = [
         f"check: {name} ({places}): step 1 dropped {total} of {n * k} choices; the "
         f"same choices as one process, every step: {ok(same)}",
-        f"check: {name}: output, aux loss {aux.item():.6f}, z-loss {z.item():.6f} and every "
-        f"gradient equal one process (worst {first_step:.1e}): {ok(first_step <= tolerance)}",
-        f"check: {name}: parameters and expert biases after {args.steps} SGD steps equal one "
-        f"process (worst {after:.1e}): {ok(after <= tolerance)}",
+        f"check: {name}: output, losses and gradients equal one process (aux loss "
+        f"{aux.item():.6f}, z-loss {z.item():.6f}; worst {first_step:.1e}): "
+        f"{ok(first_step <= tolerance)}",
+        f"check: {name}: parameters and biases after {args.steps} SGD steps equal one process "
+        f"(worst {after:.1e}): {ok(after <= tolerance)}",
     ]
     case = {"dp": mesh.size(0), "dtype": dtype, "k": k, "capacity_factor": factor,
             "tolerance": tolerance}
@@ -640,9 +641,9 @@ def main():
                             say(line)
                         every &= good
         good, worst = check_grouped(device, args.hidden, args.ffn)
-        say(f"check: torch._grouped_mm runs where grouped_mm_takes says (float32, not float64, "
-            f"not rows of 12 bytes) and equals the expert loop, output and gradients (worst "
-            f"{worst:.1e}): {'OK' if good else 'FAILED'}")
+        say(f"check: torch._grouped_mm equals the expert loop, output and gradients (worst "
+            f"{worst:.1e}), and runs where grouped_mm_takes says (float32, not float64, not "
+            f"rows of 12 bytes): {'OK' if good else 'FAILED'}")
         checks.append({"name": "torch._grouped_mm equals the expert loop", "ok": good,
                        "worst": worst, "tolerance": TOLERANCE["float32"]})
         every &= good
@@ -653,12 +654,12 @@ def main():
             late = {way: sum(run["busiest"][half:]) / (args.balance_steps - half)
                     for way, run in balance.items()}
             good = late["bias"] <= BALANCE["within"] < late["none"]
-            say(f"check: balance run, {args.balance_steps} steps, expert 0's router bias + "
-                f"{BALANCE['skew']:g}: the busiest expert's load over the mean, on average over "
-                f"the last {args.balance_steps - half} steps: "
+            say(f"check: the bias balances the hot expert: {args.balance_steps} steps, expert "
+                f"0's router bias + {BALANCE['skew']:g}; the busiest expert's load over the "
+                f"mean, on average over the last {args.balance_steps - half} steps: "
                 + ", ".join(f"{way} {value:.2f}" for way, value in late.items())
-                + f"; the bias brings it to {BALANCE['within']:g} or less, and without "
-                f"balancing it stays above: {'OK' if good else 'FAILED'}")
+                + f"; with the bias {BALANCE['within']:g} or less, without balancing more: "
+                f"{'OK' if good else 'FAILED'}")
             checks.append({"name": "the bias balances the hot expert", "ok": good,
                            "late_busiest": late, **BALANCE})
             every &= good
