@@ -13,7 +13,8 @@ interleaved rounds:
   chooses it: rank 0 computes every expert output, rank 1 waits for it.
 
 A step is forward, backward, the gradients summed over the ranks, and an SGD update;
-k = 1 and capacity factor E, so that no token is dropped and the work is the same.
+k = 1 and dropless (no capacity), so that no token is dropped and the work is the same;
+float64, so that the experts run one after another (``torch._grouped_mm`` refuses float64).
 The bytes are counted, not timed (:mod:`ddpguide.experts.traffic`).
 """
 
@@ -49,11 +50,11 @@ def step_worker(tokens: int, skew: float, warmup: int, steps: int) -> dict:
         dist.barrier()
         start = time.perf_counter()
         if ranks == 1:
-            y, aux, _ = program.reference(layer, x, 1, float(EXPERTS), 2)
+            out = program.reference(layer, x, 1, None, 2)  # dropless
         else:
-            y, aux, _, received = program.expert_parallel(layer, x, 1, float(EXPERTS), None,
-                                                          2 * tokens)
-        (y.square().mean() + 0.01 * aux).backward()
+            out = program.expert_parallel(layer, x, 1, None, None, 2 * tokens)
+            received = out.received
+        (out.y.square().mean() + 0.01 * out.aux).backward()
         with torch.no_grad():
             for name, p in layer.named_parameters():
                 if ranks > 1 and not name.startswith("w_"):

@@ -6,5 +6,6 @@ The layer itself lives only in the program; each check imports it by path
 
 * :mod:`ddpguide.experts.traffic`: the bytes the all-to-alls move, counted on real
   ranks, against the formula for a balanced router;
-* :mod:`ddpguide.experts.viz`: tokens per expert, balanced and with a hot expert.
+* :mod:`ddpguide.experts.viz`: tokens per expert, balanced and with a hot expert, and the
+  program's balance run (the busiest expert's load and the z-loss, per step).
 """

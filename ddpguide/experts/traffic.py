@@ -88,17 +88,16 @@ def count_worker(tokens: int, hidden: int, ffn: int, experts: int,
     layer = source.make_layer(hidden, ffn, experts, seed=0, first=rank * local, count=local)
     x = balanced(layer, tokens, hidden, seed=rank)
     forward: list[dict] = []
-    with counting(forward):
-        y, aux, keep, per_expert = source.expert_parallel(layer, x, 1, float(experts), None,
-                                                           ranks * tokens)
+    with counting(forward):  # dropless (capacity factor None)
+        out = source.expert_parallel(layer, x, 1, None, None, ranks * tokens)
     backward: list[dict] = []
     with counting(backward):
-        (y.square().sum() + aux).backward()
+        (out.y.square().sum() + out.aux).backward()
     counts = [c["bytes"] for c in forward if c["rows"] is None]
     rows = [c["bytes"] for c in forward if c["rows"] is not None]
     return {"forward": forward, "backward": backward, "counts_bytes": sum(counts),
             "token_bytes": sum(rows), "backward_bytes": sum(c["bytes"] for c in backward),
-            "per_expert": per_expert, "dropped": int((~keep).sum()),
+            "per_expert": out.received, "dropped": int((~out.keep).sum()),
             "formula": formula(tokens, hidden, x.element_size(), ranks)}
 
 

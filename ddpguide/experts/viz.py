@@ -1,4 +1,5 @@
-"""Tokens per expert: how the chapter's router spreads a batch, balanced and with a hot expert."""
+"""Tokens per expert: how the chapter's router spreads a batch, balanced and with a hot expert,
+and how the program's balance run moves it (the busiest expert's load, the z-loss)."""
 
 from __future__ import annotations
 
@@ -49,5 +50,30 @@ def plot(cases: list[dict]):
                      fontsize=9)
     axes[0].set_ylabel(f"choices of {cases[0]['tokens']} tokens (k={cases[0]['k']})")
     axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+#: How each way of the program's balance run is named in the figure.
+WAYS = {"none": "no balancing", "aux": "auxiliary loss", "z": "z-loss", "bias": "bias (no loss)"}
+
+
+def plot_balance(balance: dict, within: float | None = None):
+    """The program's balance run (its report's ``balance``): per step, the busiest expert's
+    load over the mean (left) and the router z-loss (right), one line per way."""
+    import matplotlib.pyplot as plt
+
+    fig, (load, z) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for way, run in balance.items():
+        steps = range(1, len(run["busiest"]) + 1)
+        load.plot(steps, run["busiest"], label=WAYS.get(way, way), lw=1.2)
+        z.plot(steps, run["z_loss"], label=WAYS.get(way, way), lw=1.2)
+    if within is not None:
+        load.axhline(within, color="black", ls="--", lw=1)
+    load.set_ylabel("busiest expert's load / mean")
+    z.set_ylabel("router z-loss")
+    for ax in (load, z):
+        ax.set_xlabel("SGD step")
+    load.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -40,3 +40,16 @@ def test_the_routing_follows_the_program(tmp_path):
     assert (hot["capacity"], doubled["capacity"]) == (40, 80)
     assert doubled["kept"][0] == hot["kept"][0] + 40 == 80
     assert doubled["dropped"][0] == hot["dropped"][0] - 40
+
+
+def test_the_balance_figure_draws_every_way_of_the_report():
+    """Drawn from a balance report's shape (the program's run is tested in test_moe_program)."""
+    balance = {way: {"busiest": [4.0 - i * j for j in range(5)], "z_loss": [5.0 - i] * 5}
+               for i, way in enumerate(("none", "aux", "z", "bias"))}
+    fig = viz.plot_balance(balance, within=1.3)
+    load, z = fig.axes
+    assert [line.get_label() for line in load.lines[:4]] == list(viz.WAYS.values())
+    for line, run in zip(load.lines, balance.values()):
+        assert list(line.get_ydata()) == run["busiest"] and list(line.get_xdata()) == [1, 2, 3, 4, 5]
+    assert [list(line.get_ydata()) for line in z.lines] == [run["z_loss"] for run in balance.values()]
+    assert load.lines[4].get_ydata()[0] == 1.3
