@@ -40,9 +40,10 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   final        the last step's full parameters.
 A group that has done the last step keeps joining quorums until the same quorum of every
 group has formed twice in a row, so that a group that comes back late finds a peer to heal
-from, still there while it heals;
-a restarted group that finds none within --linger seconds exits with status 1 rather than
-train from step 0 alone.
+from, still there while it heals. A restarted group takes no step before it has healed to
+the step its earlier incarnations saw committed (its own rows say which), nor alone at step
+0: one that finds no peer to heal from within --linger seconds exits with status 1 rather
+than train again the steps the job has done.
 
 Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, ManagedProcessGroup,
 DistributedDataParallel, Optimizer and DiLoCo; its train_ddp.py, which runs the same way,
@@ -286,8 +287,9 @@ def train(args):
         shard_in_group(model)
     inner = torch.optim.SGD(model.parameters(), lr=args.lr)
     os.makedirs(args.rows, exist_ok=True)
-    out = open(os.path.join(args.rows, f"group{args.group}.rank{args.rank}.jsonl"), "a",
-               buffering=1)
+    mine = os.path.join(args.rows, f"group{args.group}.rank{args.rank}.jsonl")
+    known = reached(mine)                          # what earlier incarnations saw committed
+    out = open(mine, "a", buffering=1)
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     def write(event, **row):
@@ -324,7 +326,7 @@ def train(args):
         if args.diloco:
             train_diloco(args, manager, model, inner, write, sent)
         else:
-            train_ddp(args, manager, model, inner, write, size, sent)
+            train_ddp(args, manager, model, inner, write, size, sent, known)
         stay_until_every_group_is_back(args, manager, seen)
     finally:
         out.close()
@@ -333,7 +335,7 @@ def train(args):
             dist.destroy_process_group()
 
 
-def train_ddp(args, manager, model, inner, write, size, sent):
+def train_ddp(args, manager, model, inner, write, size, sent, known):
     """torchft's DDP (a group of one) or FSDP2 in the group (two): one quorum per step."""
     from torchft import Optimizer
 
@@ -343,12 +345,9 @@ def train_ddp(args, manager, model, inner, write, size, sent):
     else:
         forward = tolerant_ddp(manager, model, args.torchft_hook)
     optimizer = Optimizer(manager, inner)
-    first = True
     while manager.current_step() < last_step(args):
         optimizer.zero_grad()                    # waits for the quorum (and heals)
-        if first:
-            wait_for_a_peer(args, manager)
-            first = False
+        wait_for_a_peer(args, manager, known)    # a restarted group: healed first
         step = manager.current_step()
         if step >= last_step(args):              # healed to the end: nothing left to do
             break
@@ -437,19 +436,51 @@ def write_final(write, manager, model):
           params=[p.detach().flatten().tolist() for p in full])
 
 
-def wait_for_a_peer(args, manager):
-    """A restarted group must heal from a live peer: alone at step 0 it would train the
-    steps the others committed a second time. It joins quorums for up to --linger seconds
-    until one has a peer (the heal happens in start_quorum), then refuses: exit status 1."""
+def reached(path):
+    """The step the job had reached by this rank's earlier incarnations, from its own rows
+    (the file it appends to): past its last committed step, or the step it last healed to."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    step = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:            # the last line, cut short by a kill
+            continue
+        if row.get("event") == "step" and row.get("committed"):
+            step = max(step, row["step"] + 1)
+        elif row.get("event") == "healed":
+            step = max(step, row["step"])
+    return step
+
+
+def wait_for_a_peer(args, manager, known):
+    """A restarted group must heal from a live peer before it trains: at step 0 it would
+    train the steps the others committed a second time. Not only alone: two groups restarted
+    together (a group killed while it served the other its heal) can form a quorum of their
+    own, both at step 0, while the group that holds the state is still in its failed step,
+    and nobody in it heals. So it takes no step below ``known`` (the step its earlier
+    incarnations saw the job reach, ``reached``) and, restarted at step 0, none alone. It
+    joins quorums for up to --linger seconds until one heals it (the heal happens in
+    start_quorum), then refuses: exit status 1."""
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if incarnation == 0 or args.groups < 2:
         return
+
+    def behind():
+        return manager.current_step() < known or (
+            manager.num_participants() < 2 and manager.current_step() == 0)
+
     until = time.monotonic() + args.linger
-    while manager.num_participants() < 2 and manager.current_step() == 0:
+    while behind():
         if time.monotonic() >= until:
             raise SystemExit(f"ft_train: group {args.group}, restarted (incarnation "
                              f"{incarnation}), found no live peer to heal from in "
-                             f"{args.linger:g} s: it will not train from step 0 alone")
+                             f"{args.linger:g} s: it will not train from step "
+                             f"{manager.current_step()} {'alone' if known == 0 else 'again'}")
         time.sleep(args.step_seconds)
         manager.start_quorum()
 
