@@ -37,6 +37,8 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   healed       after loading a peer's state: step, weights digest (and the --state-mb
                state's; the row's time is taken before the digests);
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
+  inner, sync  (--diloco) after each inner step: its number, the syncs done, the loss; after
+               each try at a sync: its number, committed, participants, weights digest;
   final        the last step's full parameters.
 A group that has done the last step keeps joining quorums until the same quorum of every
 group has formed twice in a row, so that a group that comes back late finds a peer to heal
@@ -371,23 +373,33 @@ def train_diloco(args, manager, model, inner, write, sent):
     """DiLoCo (torchft.local_sgd.DiLoCo): --diloco H inner steps on the group's own data, then
     one all-reduce of the pseudo-gradient (parameters at the last sync minus now) and one outer
     SGD step (--outer-lr, --outer-momentum, Nesterov when --nesterov). The Manager's step
-    counts the syncs."""
+    counts the syncs. Inner step k after sync s reads the batch s * H + k, so a group that
+    healed to sync s goes on with the data that follows it. After each try at a sync, a
+    "sync" row: the sync's number, committed or not, the participants, the weights (a sync
+    that fails leaves them at the last sync's: DiLoCo restores them)."""
     from torchft.local_sgd import DiLoCo
 
     outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                             nesterov=args.nesterov)
-    inner_step = 0
+    inner_step, k, window = 0, 0, manager.current_step()
     with DiLoCo(manager, [model], inner, outer, sync_every=args.diloco,
                 backup_device=torch.device("cpu"), pin_memory=False):
-        while manager.current_step() < args.steps:
-            x, y = batch(args.seed, inner_step, args.group)
+        while manager.current_step() < last_step(args):
+            x, y = batch(args.seed, window * args.diloco + k, args.group)
             inner.zero_grad()
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             inner.step()                         # every H-th: the sync and the outer step
             write("inner", inner=inner_step, step=manager.current_step(), loss=loss.item(),
                   bytes=sent[0], calls=sent[1])
-            inner_step += 1
+            inner_step, k = inner_step + 1, k + 1
+            if k == args.diloco:                 # that inner.step() tried the sync
+                done = manager.current_step() > window   # (a heal in its quorum: further)
+                write("sync", step=manager.current_step() - 1 if done else window,
+                      committed=done, participants=manager.num_participants(),
+                      weights=digest(model))
+                k, window = 0, manager.current_step()
+            time.sleep(args.step_seconds)        # stands in for a longer step
     write_final(write, manager, model)
 
 
@@ -606,7 +618,7 @@ def main(argv=None):
                         help="seconds to wait at the end for every group to be back, and for "
                         "a live peer when restarted (default 60)")
     parser.add_argument("--stop-file", default=None, metavar="FILE",
-                        help="once FILE exists, the run ends at the step it holds (DDP only)")
+                        help="once FILE exists, the run ends at the step (DiLoCo: sync) it holds")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
     parser.add_argument("--plain-ddp", action="store_true",

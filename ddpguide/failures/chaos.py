@@ -74,12 +74,12 @@ class Chaos:
     def _healthy(self) -> bool:
         """Every group has committed a step since the last failure (it is back and working)."""
         since = self.log[-1]["time"] if self.log else 0.0
-        committed = {r["group"] for r in self.rows() if r["event"] == "step" and r["committed"]
-                     and r["time"] > since}
+        committed = {r["group"] for r in self.rows() if r["event"] in ("step", "sync")
+                     and r["committed"] and r["time"] > since}
         return committed == set(range(self.job.settings.groups))
 
     def _near_the_end(self, margin: int) -> bool:
-        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        steps = [r["step"] for r in self.rows() if r["event"] in ("step", "sync")]
         return max(steps, default=0) >= self.job.settings.steps - margin
 
     def run(self, failures: int, until_s: float, margin: int) -> list[dict]:
@@ -117,7 +117,7 @@ class Chaos:
             time.sleep(0.05)
         if self._healthy():
             self._after_last()
-        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        steps = [r["step"] for r in self.rows() if r["event"] in ("step", "sync")]
         engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
 
     def inject(self, kind: str, until_s: float) -> None:

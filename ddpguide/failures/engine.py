@@ -38,7 +38,7 @@ from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
 
 PROGRAM = "ft_train.py"
 STOP = "stop"   # the file a run's last step is written to, when it ends before --steps
-EVENTS = ("started", "contributed", "step", "healed", "checkpoint", "final", "inner")
+EVENTS = ("started", "contributed", "step", "healed", "checkpoint", "final", "inner", "sync")
 
 
 @dataclass(frozen=True)

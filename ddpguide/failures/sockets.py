@@ -33,7 +33,7 @@ class Socket:
 
 def inodes(pid: int) -> set[int]:
     """The inodes of the sockets ``pid`` holds open (empty when it is gone)."""
-    found = set()
+    found: set[int] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
