@@ -46,7 +46,7 @@ ENGINE_BAD = [
     (["--group-size", "3"], "--group-size 3: 1 (DDP) or 2 (FSDP2 in the group)"),
     (["--kinds", "kill,fire"], "--kinds kill,fire: each one of "
      "kill,segv,hang,lighthouse,heal,quorum,two,term,link,donor"),
-    (["--groups", "2", "--kinds", "kill,donor"], "--kinds kill,donor: a donor is killed with 3 "
+    (["--groups", "2", "--kinds", "donor"], "--kinds donor: a donor is killed with 3 "
      "groups or more (one more live peer to heal from)"),
     (["--kinds", "link"], "--kinds link: a link is cut on a cluster only (give --cluster ID)"),
     (["--failures", "-1"], "--failures -1: 0 or more"),
