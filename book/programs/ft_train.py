@@ -37,12 +37,15 @@ incarnation (torchrun's TORCHELASTIC_RESTART_COUNT) and the time:
   healed       after loading a peer's state: step, weights digest (and the --state-mb
                state's; the row's time is taken before the digests);
   checkpoint   a complete checkpoint of the group (--checkpoint-every K);
+  inner, sync  (--diloco) after each inner step: its number, the syncs done, the loss; after
+               each try at a sync: its number, committed, participants, weights digest;
   final        the last step's full parameters.
 A group that has done the last step keeps joining quorums until the same quorum of every
 group has formed twice in a row, so that a group that comes back late finds a peer to heal
-from, still there while it heals;
-a restarted group that finds none within --linger seconds exits with status 1 rather than
-train from step 0 alone.
+from, still there while it heals. A restarted group takes no step before it has healed to
+the step its earlier incarnations saw committed (its own rows say which), nor alone at step
+0: one that finds no peer to heal from within --linger seconds exits with status 1 rather
+than train again the steps the job has done.
 
 Source: torchft 0.2.0 (its Manager, ProcessGroupGloo, ManagedProcessGroup,
 DistributedDataParallel, Optimizer and DiLoCo; its train_ddp.py, which runs the same way,
@@ -286,8 +289,9 @@ def train(args):
         shard_in_group(model)
     inner = torch.optim.SGD(model.parameters(), lr=args.lr)
     os.makedirs(args.rows, exist_ok=True)
-    out = open(os.path.join(args.rows, f"group{args.group}.rank{args.rank}.jsonl"), "a",
-               buffering=1)
+    mine = os.path.join(args.rows, f"group{args.group}.rank{args.rank}.jsonl")
+    known = reached(mine)                          # what earlier incarnations saw committed
+    out = open(mine, "a", buffering=1)
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
     def write(event, **row):
@@ -324,7 +328,7 @@ def train(args):
         if args.diloco:
             train_diloco(args, manager, model, inner, write, sent)
         else:
-            train_ddp(args, manager, model, inner, write, size, sent)
+            train_ddp(args, manager, model, inner, write, size, sent, known)
         stay_until_every_group_is_back(args, manager, seen)
     finally:
         out.close()
@@ -333,7 +337,7 @@ def train(args):
             dist.destroy_process_group()
 
 
-def train_ddp(args, manager, model, inner, write, size, sent):
+def train_ddp(args, manager, model, inner, write, size, sent, known):
     """torchft's DDP (a group of one) or FSDP2 in the group (two): one quorum per step."""
     from torchft import Optimizer
 
@@ -343,12 +347,9 @@ def train_ddp(args, manager, model, inner, write, size, sent):
     else:
         forward = tolerant_ddp(manager, model, args.torchft_hook)
     optimizer = Optimizer(manager, inner)
-    first = True
     while manager.current_step() < last_step(args):
         optimizer.zero_grad()                    # waits for the quorum (and heals)
-        if first:
-            wait_for_a_peer(args, manager)
-            first = False
+        wait_for_a_peer(args, manager, known)    # a restarted group: healed first
         step = manager.current_step()
         if step >= last_step(args):              # healed to the end: nothing left to do
             break
@@ -372,23 +373,33 @@ def train_diloco(args, manager, model, inner, write, sent):
     """DiLoCo (torchft.local_sgd.DiLoCo): --diloco H inner steps on the group's own data, then
     one all-reduce of the pseudo-gradient (parameters at the last sync minus now) and one outer
     SGD step (--outer-lr, --outer-momentum, Nesterov when --nesterov). The Manager's step
-    counts the syncs."""
+    counts the syncs. Inner step k after sync s reads the batch s * H + k, so a group that
+    healed to sync s goes on with the data that follows it. After each try at a sync, a
+    "sync" row: the sync's number, committed or not, the participants, the weights (a sync
+    that fails leaves them at the last sync's: DiLoCo restores them)."""
     from torchft.local_sgd import DiLoCo
 
     outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
                             nesterov=args.nesterov)
-    inner_step = 0
+    inner_step, k, window = 0, 0, manager.current_step()
     with DiLoCo(manager, [model], inner, outer, sync_every=args.diloco,
                 backup_device=torch.device("cpu"), pin_memory=False):
-        while manager.current_step() < args.steps:
-            x, y = batch(args.seed, inner_step, args.group)
+        while manager.current_step() < last_step(args):
+            x, y = batch(args.seed, window * args.diloco + k, args.group)
             inner.zero_grad()
             loss = ((model(x) - y) ** 2).mean()
             loss.backward()
             inner.step()                         # every H-th: the sync and the outer step
             write("inner", inner=inner_step, step=manager.current_step(), loss=loss.item(),
                   bytes=sent[0], calls=sent[1])
-            inner_step += 1
+            inner_step, k = inner_step + 1, k + 1
+            if k == args.diloco:                 # that inner.step() tried the sync
+                done = manager.current_step() > window   # (a heal in its quorum: further)
+                write("sync", step=manager.current_step() - 1 if done else window,
+                      committed=done, participants=manager.num_participants(),
+                      weights=digest(model))
+                k, window = 0, manager.current_step()
+            time.sleep(args.step_seconds)        # stands in for a longer step
     write_final(write, manager, model)
 
 
@@ -437,19 +448,51 @@ def write_final(write, manager, model):
           params=[p.detach().flatten().tolist() for p in full])
 
 
-def wait_for_a_peer(args, manager):
-    """A restarted group must heal from a live peer: alone at step 0 it would train the
-    steps the others committed a second time. It joins quorums for up to --linger seconds
-    until one has a peer (the heal happens in start_quorum), then refuses: exit status 1."""
+def reached(path):
+    """The step the job had reached by this rank's earlier incarnations, from its own rows
+    (the file it appends to): past its last committed step, or the step it last healed to."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    step = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:            # the last line, cut short by a kill
+            continue
+        if row.get("event") == "step" and row.get("committed"):
+            step = max(step, row["step"] + 1)
+        elif row.get("event") == "healed":
+            step = max(step, row["step"])
+    return step
+
+
+def wait_for_a_peer(args, manager, known):
+    """A restarted group must heal from a live peer before it trains: at step 0 it would
+    train the steps the others committed a second time. Not only alone: two groups restarted
+    together (a group killed while it served the other its heal) can form a quorum of their
+    own, both at step 0, while the group that holds the state is still in its failed step,
+    and nobody in it heals. So it takes no step below ``known`` (the step its earlier
+    incarnations saw the job reach, ``reached``) and, restarted at step 0, none alone. It
+    joins quorums for up to --linger seconds until one heals it (the heal happens in
+    start_quorum), then refuses: exit status 1."""
     incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if incarnation == 0 or args.groups < 2:
         return
+
+    def behind():
+        return manager.current_step() < known or (
+            manager.num_participants() < 2 and manager.current_step() == 0)
+
     until = time.monotonic() + args.linger
-    while manager.num_participants() < 2 and manager.current_step() == 0:
+    while behind():
         if time.monotonic() >= until:
             raise SystemExit(f"ft_train: group {args.group}, restarted (incarnation "
                              f"{incarnation}), found no live peer to heal from in "
-                             f"{args.linger:g} s: it will not train from step 0 alone")
+                             f"{args.linger:g} s: it will not train from step "
+                             f"{manager.current_step()} {'alone' if known == 0 else 'again'}")
         time.sleep(args.step_seconds)
         manager.start_quorum()
 
@@ -575,7 +618,7 @@ def main(argv=None):
                         help="seconds to wait at the end for every group to be back, and for "
                         "a live peer when restarted (default 60)")
     parser.add_argument("--stop-file", default=None, metavar="FILE",
-                        help="once FILE exists, the run ends at the step it holds (DDP only)")
+                        help="once FILE exists, the run ends at the step (DiLoCo: sync) it holds")
     parser.add_argument("--torchft-hook", action="store_true",
                         help="use torchft's own DDP comm hook (fails when a peer dies)")
     parser.add_argument("--plain-ddp", action="store_true",

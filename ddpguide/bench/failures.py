@@ -12,8 +12,13 @@ bytes against DDP's, and the checkpoint interval against Young-Daly.
   of 1, a quorum per step, the Manager's all-reduce waited inside the backward by the comm
   hook, a commit vote) over the same program's ``--plain-ddp`` step (torch's DDP over
   torchrun's 2 ranks): the same model, per-rank batch, gloo, no sleep, in the same run.
-- ``young_daly_best_interval_measured_over_predicted``: C measured (synchronous DCP save),
-  failures and restarts on a simulated clock (``ddpguide.failures.cadence``).
+- ``young_daly_best_interval_simulated_over_predicted`` and
+  ``daly_best_interval_simulated_over_predicted``: the goodput-best checkpoint interval of a
+  simulation (``ddpguide.failures.cadence``: C measured, a synchronous DCP save; failures and
+  restarts on a simulated clock) over Young's sqrt(2 C M) and over Daly's higher-order optimum.
+  Simulated, not measured on a run: a saved report from before the rename (the ratio was
+  ``..._measured_over_predicted``) is migrated by ``migrate(path)``, which re-runs that
+  seeded simulation from the report's own C and restart time.
 - ``torchrun_over_ft_recovery_cluster`` (full mode, as root): the same two recoveries on
   chapter 15's cluster, one link lost (``failures_cluster``, whose parts it reports), with
   ``stall_measured_over_predicted_link``.
@@ -77,9 +82,12 @@ ANCHORS = {
                                       "1.00 +- 0.01"),
     "ft_step_over_ddp_step": ("ft_train.py's step under torchft / under torch's plain DDP "
                               "(same model and batch, no sleep)", "torchft/ddp.py", ""),
-    "young_daly_best_interval_measured_over_predicted": (
-        "goodput-best checkpoint interval (simulated clock, C measured) / sqrt(2 C M)",
-        "Young 1974, Daly 2006", "0.67-1.5"),
+    "young_daly_best_interval_simulated_over_predicted": (
+        "goodput-best checkpoint interval of a simulation (C measured) / Young's sqrt(2 C M)",
+        "Young 1974", "0.67-1.5"),
+    "daly_best_interval_simulated_over_predicted": (
+        "goodput-best checkpoint interval of a simulation (C measured) / Daly's higher-order "
+        "optimum", "Daly 2006", "0.67-1.5"),
     "lost_per_failure_over_tau_half_plus_restart": (
         "work lost per failure at the best interval / (tau / 2 + restart), modelled", "", "about 1"),
     "goodput_checkpointing": ("goodput at the best checkpoint interval, modelled", "", ""),
@@ -173,6 +181,51 @@ def recovery(report: Report, chaos_run: dict, settings, bandwidth: float) -> Non
                 report.ratios[f"rejoin_measured_over_predicted_{ended}"] = measured / rejoin_pred
 
 
+STEP_S, MTBF_S = 0.05, 60.0   # the simulated loop's step and mean time between failures
+OLD_NAME = "young_daly_best_interval_measured_over_predicted"
+
+
+def interval_ratios(ratios: dict, sync_s: float, restart_s: float, ft_lost_s: float) -> dict:
+    """The checkpoint interval's ratios into ``ratios``, from the simulated sweep; the sweep."""
+    from ddpguide.failures import cadence
+
+    sweep = cadence.sweep(STEP_S, sync_s, MTBF_S, restart_s)
+    ratios["young_daly_best_interval_simulated_over_predicted"] = sweep["best_over_predicted"]
+    ratios["daly_best_interval_simulated_over_predicted"] = sweep["best_over_daly"]
+    best = sweep["best"]
+    ratios["lost_per_failure_over_tau_half_plus_restart"] = \
+        best["lost_per_failure_s"] / best["lost_predicted_s"]
+    ratios["goodput_checkpointing"] = best["goodput"]
+    ratios["goodput_per_step_ft"] = cadence.per_step_goodput(STEP_S, MTBF_S, ft_lost_s)
+    return sweep
+
+
+def migrate(path: str | Path) -> dict:
+    """A saved report with the Young ratio's old name: the seeded sweep re-run from its own C
+    ("dcp sync_s") and restart, which must give its figures again; then the ratio renamed,
+    Daly's added, the file written whole. The migrated ratios."""
+    import json
+
+    from ddpguide.core.commands import write_atomically
+
+    path = Path(path)
+    saved = json.loads(path.read_text())
+    ratios = saved["ratios"]
+    sync_s = next(m["value"] for m in saved["measurements"] if m["name"] == "dcp sync_s")
+    again: dict = {}
+    interval_ratios(again, sync_s, ratios.get("torchrun_recovery_s", 2.0), ratios["ft_recovery_s"])
+    old = ratios.pop(OLD_NAME)
+    if again["young_daly_best_interval_simulated_over_predicted"] != old or any(
+            again[k] != ratios[k] for k in ("goodput_checkpointing", "goodput_per_step_ft")):
+        raise ValueError(f"{path}: the sweep re-run does not give its saved figures")
+    ratios.update(again)
+    saved["notes"].append(f"{OLD_NAME} renamed young_daly_best_interval_simulated_over_predicted "
+                          "and daly_best_interval_simulated_over_predicted added by "
+                          "ddpguide.bench.failures.migrate (the sweep re-run from the saved C)")
+    write_atomically(path, json.dumps(saved, indent=2) + "\n")
+    return again
+
+
 def run(quick: bool = False) -> Report:
     """Quick: the DiLoCo bytes and the checkpoint sweep (no torchrun run, one short kill run)."""
     from ddpguide.failures import cadence, engine, runs
@@ -237,19 +290,11 @@ def run(quick: bool = False) -> Report:
         for name in ("sync_s", "async_stall_s", "async_total_s"):
             report.add(f"dcp {name}", cost[name], "s", megabytes=cost["megabytes"])
         progress.advance("checkpoint cost", [("dcp sync", cost["sync_s"], "s")])
-        step_s, mtbf_s = 0.05, 60.0
-        restart_s = report.ratios.get("torchrun_recovery_s", 2.0)
-        sweep = cadence.sweep(step_s, cost["sync_s"], mtbf_s, restart_s)
-        report.ratios["young_daly_best_interval_measured_over_predicted"] = \
-            sweep["best_over_predicted"]
-        best = sweep["best"]
-        report.ratios["lost_per_failure_over_tau_half_plus_restart"] = \
-            best["lost_per_failure_s"] / best["lost_predicted_s"]
-        report.ratios["goodput_checkpointing"] = best["goodput"]
-        report.ratios["goodput_per_step_ft"] = cadence.per_step_goodput(step_s, mtbf_s, ft)
-        progress.advance("young-daly", [("best over predicted", sweep["best_over_predicted"], "")])
+        sweep = interval_ratios(report.ratios, cost["sync_s"],
+                                report.ratios.get("torchrun_recovery_s", 2.0), ft)
+        progress.advance("young-daly", [("best over Young's", sweep["best_over_predicted"], "")])
     report.notes.append(
         "recoveries on 127.0.0.1, 2 groups of 1 process (ft) / 2 workers (torchrun); the "
-        f"checkpoint sweep is modelled: step {step_s} s, mean time between failures {mtbf_s} s, "
+        f"checkpoint sweep is modelled: step {STEP_S} s, mean time between failures {MTBF_S} s, "
         "restart = torchrun's measured recovery, C = the measured synchronous DCP save.")
     return report

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"--kinds {args.kinds}: each one of {','.join(chaos.KINDS)}"
     if problem is None and kinds == ("link",) and not args.cluster:
         problem = "--kinds link: a link is cut on a cluster only (give --cluster ID)"
+    if problem is None and kinds == ("donor",) and args.groups < 3:   # else left out, as two
+        problem = (f"--kinds {args.kinds}: a donor is killed with 3 groups or more (one more "
+                   "live peer to heal from)")
     if problem is None and args.failures < 0:
         problem = f"--failures {args.failures}: 0 or more"
     if problem is None and folder.exists():

@@ -6,7 +6,10 @@ Kinds: ``kill`` (SIGKILL of a random rank), ``segv`` (SIGSEGV), ``term`` (SIGTER
 ends by the default action, its sockets closed by the kernel, as a rank does that exits on
 an error), ``hang`` (SIGSTOP past the timeouts, then SIGKILL or SIGCONT), ``lighthouse``
 (killed, started again at the same address), ``heal`` (a rank killed, then its replacement
-killed as soon as it has started, while it joins and heals), ``quorum`` (a rank killed just
+killed as soon as it has started, while it joins and heals), ``donor`` (a rank killed, then,
+while its replacement heals, the rank of another group that serves it the checkpoint: seen
+from outside as the replacement's connection to one of that rank's torchft servers,
+:mod:`.sockets`; three groups or more, so that a third holds the state), ``quorum`` (a rank killed just
 after a step, while the next quorum forms), ``two`` (a rank of each of two groups at once; three groups or more),
 ``link`` (on a cluster only: the link of a group's node taken down, past the timeouts, then
 brought back up; never node 0's, which holds the lighthouse).
@@ -27,9 +30,9 @@ import time
 from collections.abc import Callable
 
 from ddpguide.core.processes import signal_all
-from ddpguide.failures import engine
+from ddpguide.failures import engine, sockets
 
-KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term", "link")
+KINDS = ("kill", "segv", "hang", "lighthouse", "heal", "quorum", "two", "term", "link", "donor")
 #: the failure entries a stopped peer leaves the survivors (they wait for it, no socket closed)
 SILENT = ("SIGSTOP", "link down")
 
@@ -48,7 +51,7 @@ class Chaos:
         self._extra: dict = {}         # keys go into that failure's log entries
         self.after = after             # the same, called once every group is back after it
         self._pending: tuple[int, str] | None = None   # (first log entry, kind) awaiting it
-        self.kinds = tuple(k for k in kinds if (k != "two" or job.settings.groups >= 3)
+        self.kinds = tuple(k for k in kinds if (k not in ("two", "donor") or job.settings.groups >= 3)
                            and (k != "link" or job.cluster is not None))
         self.log: list[dict] = []
 
@@ -71,12 +74,12 @@ class Chaos:
     def _healthy(self) -> bool:
         """Every group has committed a step since the last failure (it is back and working)."""
         since = self.log[-1]["time"] if self.log else 0.0
-        committed = {r["group"] for r in self.rows() if r["event"] == "step" and r["committed"]
-                     and r["time"] > since}
+        committed = {r["group"] for r in self.rows() if r["event"] in ("step", "sync")
+                     and r["committed"] and r["time"] > since}
         return committed == set(range(self.job.settings.groups))
 
     def _near_the_end(self, margin: int) -> bool:
-        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        steps = [r["step"] for r in self.rows() if r["event"] in ("step", "sync")]
         return max(steps, default=0) >= self.job.settings.steps - margin
 
     def run(self, failures: int, until_s: float, margin: int) -> list[dict]:
@@ -114,7 +117,7 @@ class Chaos:
             time.sleep(0.05)
         if self._healthy():
             self._after_last()
-        steps = [r["step"] for r in self.rows() if r["event"] == "step"]
+        steps = [r["step"] for r in self.rows() if r["event"] in ("step", "sync")]
         engine.stop_at(self.job.folder, max(steps, default=0) + max(margin, 2))
 
     def inject(self, kind: str, until_s: float) -> None:
@@ -155,6 +158,8 @@ class Chaos:
         sig = {"segv": signal.SIGSEGV, "term": signal.SIGTERM}.get(kind, signal.SIGKILL)
         signal_all(pids, sig)
         self._note(f"{signal.Signals(sig).name} ({kind})", victims, pids)
+        if kind == "donor":
+            self._kill_the_donor(victims[0], set(pids), until_s)
         if kind == "heal":                   # the replacement, while it joins and heals
             before = {p for g in victims for p in self.job.ranks_of(g)}
             while time.monotonic() < until_s:
@@ -168,6 +173,30 @@ class Chaos:
                         self._note("SIGKILL (while healing)", victims, [pid])
                     return
                 time.sleep(0.01)
+
+    def _kill_the_donor(self, victim: int, killed: set[int], until_s: float) -> None:
+        """Once ``victim``'s replacement is connected to a torchft server (the Manager's or the
+        checkpoint's, at ``[::]``) of a rank of another group, that rank is serving it a heal:
+        SIGKILL it. Nothing more if the replacement has healed before it was seen connected."""
+        ports = {port: pid for g in range(self.job.settings.groups) if g != victim
+                 for pid in self.job.ranks_of(g) for port in sockets.servers(pid)}
+        group_of = {pid: g for g in range(self.job.settings.groups)
+                    for pid in self.job.ranks_of(g)}
+        since, looked = self.log[-1]["time"], 0.0
+        while time.monotonic() < until_s:
+            for pid in set(self.job.ranks_of(victim)) - killed:
+                donor = sockets.connected_to(pid, ports)
+                if donor is not None:
+                    signal_all([donor], signal.SIGKILL)
+                    self._note("SIGKILL (donor serving a heal)", [group_of[donor]], [donor],
+                               healing=[victim])
+                    return
+            if time.monotonic() - looked > 0.2:   # the rows: slower to read than the sockets
+                looked = time.monotonic()
+                if any(r["event"] == "healed" and r["group"] == victim and r["time"] > since
+                       for r in self.rows()):
+                    return
+            time.sleep(0.002)
 
 
 def landed(failures: list[dict], rows: list[dict]) -> list[dict]:

@@ -31,13 +31,14 @@ from pathlib import Path
 from ddpguide.cluster.cluster import Cluster, chosen
 from ddpguide.cluster.spec import Node
 from ddpguide.core.processes import alive, descendants, processes_with_env, store_port
+from ddpguide.failures import sockets
 from ddpguide.launch import programs
 from ddpguide.launch import report as reports
 from ddpguide.launch.ranks import LAUNCH_ID_VARIABLE, Command, Ranks
 
 PROGRAM = "ft_train.py"
 STOP = "stop"   # the file a run's last step is written to, when it ends before --steps
-EVENTS = ("started", "contributed", "step", "healed", "checkpoint", "final", "inner")
+EVENTS = ("started", "contributed", "step", "healed", "checkpoint", "final", "inner", "sync")
 
 
 @dataclass(frozen=True)
@@ -124,21 +125,6 @@ def group_env(group: int, groups: int, lighthouse: str, node: Node | None = None
             else node.ifname, "OMP_NUM_THREADS": "1", "RUST_LOG": "error"}
 
 
-def listening(pid: int, port: int) -> bool:
-    """True when a socket of process ``pid``'s network namespace listens on ``port`` (its
-    ``/proc/PID/net/tcp`` tables: read from outside a node's namespace, no client needed)."""
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
-
-
 class Job:
     """The lighthouse and every group's torchrun, running; ``with`` stops them all."""
 
@@ -192,7 +178,7 @@ class Job:
     def lighthouse_listens(self) -> bool:
         if self.cluster is None:
             return programs.load(PROGRAM).lighthouse_reachable(self.lighthouse_url, 0.2)
-        return listening(self.ranks.pid(self.lighthouse), self.lighthouse_port)
+        return sockets.listening(self.ranks.pid(self.lighthouse), self.lighthouse_port)
 
     def set_link(self, group: int, up: bool) -> None:
         """Take the link of ``group``'s node down (a cable pulled), or bring it back up."""

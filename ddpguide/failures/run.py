@@ -10,7 +10,7 @@ import signal
 import time
 from pathlib import Path
 
-from ddpguide.failures import chaos, checks, engine
+from ddpguide.failures import chaos, checks, diloco, engine
 from ddpguide.launch import programs
 from ddpguide.launch import report as contract
 
@@ -59,7 +59,11 @@ def run(settings: engine.Settings, folder: str | os.PathLike, failures: int = 0,
                              commands=job.commands, finished=finished,
                              exit_codes=job.ranks.returncodes()[1:len(job.agents) + 1],
                              failures=chaos.landed(log, rows), left_running=left)
-    found = checks.checks(report, programs.load(engine.PROGRAM), stall_bound_s(settings))
+    program = programs.load(engine.PROGRAM)
+    if "--diloco" in settings.extra:
+        found = diloco.checks(report, program, int(settings.extra[settings.extra.index("--diloco") + 1]))
+    else:
+        found = checks.checks(report, program, stall_bound_s(settings))
     found.append({"name": "every_group_finished", "ok": finished and all(
         c == 0 for c in report["exit_codes"]), "problems": [] if finished else ["deadline"]})
     report["checks"] = found

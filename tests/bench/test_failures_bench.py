@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ddpguide.bench import appendix, failures
@@ -12,7 +14,8 @@ def test_quick_mode_reports_the_ratios_with_their_anchors():
     report = failures.run(quick=True)
     ratios = report.ratios
     assert ratios["diloco_bytes_over_ddp_times_h"] == 1.0
-    assert 0.67 <= ratios["young_daly_best_interval_measured_over_predicted"] <= 1.5
+    assert 0.67 <= ratios["young_daly_best_interval_simulated_over_predicted"] <= 1.5
+    assert 0.67 <= ratios["daly_best_interval_simulated_over_predicted"] <= 1.5
     assert ratios["ft_recovery_s"] > 0
     assert ratios["ft_step_over_ddp_step"] > 0   # both step times measured in this run
     plain = next(m for m in report.measurements if m.name == "plain DDP step")
@@ -25,6 +28,31 @@ def test_quick_mode_reports_the_ratios_with_their_anchors():
     assert ratios["stall_measured_over_predicted_kill"] > 0
     assert ratios["rejoin_measured_over_predicted_kill"] > 0
     assert set(ratios) <= set(appendix.ANCHORS["failures"])
+
+
+def test_a_saved_report_is_migrated_by_re_running_its_sweep(tmp_path):
+    """The saved run of before the rename: the seeded sweep, re-run from its own C and restart,
+    gives its figures again; with another C it does not, and the file is left as it was."""
+    import json
+
+    old = json.loads((Path(__file__).parents[2] / "book/measurements/failures.json").read_text())
+    ratios = old["ratios"]
+    ratios[failures.OLD_NAME] = ratios.pop("young_daly_best_interval_simulated_over_predicted")
+    del ratios["daly_best_interval_simulated_over_predicted"]
+    path = tmp_path / "failures.json"
+    path.write_text(json.dumps(old))
+    migrated = failures.migrate(path)
+    now = json.loads(path.read_text())["ratios"]
+    assert failures.OLD_NAME not in now
+    assert now["young_daly_best_interval_simulated_over_predicted"] == ratios[failures.OLD_NAME]
+    assert now["daly_best_interval_simulated_over_predicted"] == \
+        migrated["daly_best_interval_simulated_over_predicted"]
+    assert set(now) <= set(appendix.ANCHORS["failures"])
+    next(m for m in old["measurements"] if m["name"] == "dcp sync_s")["value"] *= 4   # planted
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="does not give its saved figures"):
+        failures.migrate(path)
+    assert json.loads(path.read_text()) == old
 
 
 def test_step_time_and_bytes_per_sync_read_from_a_report():

@@ -56,6 +56,23 @@ def test_the_best_interval_is_young_dalys_and_a_failure_costs_tau_half_plus_rest
     assert goodputs[0] < best["goodput"] > goodputs[-1]  # a maximum inside the sweep
 
 
+@pytest.mark.parametrize("mtbf_min, published_min, within", [(24 * 60, 117, 0.5), (6 * 60, 57, 0.5),
+                                                           (15, 9.1, 0.05)])
+def test_dalys_optimum_gives_the_intervals_his_paper_prints(mtbf_min, published_min, within):
+    """Daly 2006, figures 3-5: dump time 5 min, M = 24 h, 6 h, 15 min."""
+    assert abs(cadence.daly_s(5.0, mtbf_min) - published_min) <= within
+    assert cadence.daly_s(5.0, 2.0) == 2.0                    # C >= 2M: M itself
+
+
+def test_with_c_near_m_the_simulated_best_interval_is_dalys_not_youngs():
+    """C = 20 s, M = 60 s: Young's sqrt(2CM) = 49 s, Daly's 36.6 s; the simulated loop's best
+    (intervals of 0.5 s) is within 10% of Daly's and below Young's by more than 15%."""
+    sweep = cadence.sweep(0.05, 20.0, 60.0, 5.0, intervals=list(range(500, 1000, 10)),
+                          useful_steps=400_000, seeds=8)
+    assert sweep["daly_s"] == pytest.approx(36.56, abs=0.01)
+    assert abs(sweep["best_over_daly"] - 1) < 0.1 and sweep["best_over_predicted"] < 0.85
+
+
 def test_checkpoint_cost_is_measured_and_the_async_save_finishes_after_its_stall():
     cost = cadence.checkpoint_cost(megabytes=1, repeats=1)
     assert cost["megabytes"] == 1

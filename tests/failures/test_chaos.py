@@ -25,6 +25,25 @@ def test_a_short_chaos_run_of_kills_segfaults_hangs_and_a_lighthouse_restart(tmp
     assert report["failures"][-1]["what"] == "lighthouse killed", report["failures"]
 
 
+@pytest.mark.multiprocess
+def test_a_donor_killed_while_it_serves_a_heal(tmp_path):
+    """A group killed; while its replacement fetches the checkpoint (128 MB more state, so that
+    the transfer lasts), the rank serving it is killed too. The two restarted groups, both at
+    step 0, may form a quorum of their own before the third, stuck in its failed step, asks for
+    one; neither trains in it (ft_train.py's wait_for_a_peer: each heals first to the step its
+    earlier incarnation saw), and both heal from the third."""
+    report = runs.run_ft(tmp_path / "run", failures=1, seed=4, kinds=("donor",), groups=3,
+                         steps=1200, step_seconds=0.1, state_mb=128, deadline_s=200.0)
+    assert [c["name"] for c in report["checks"] if not c["ok"]] == [], report["checks"]
+    first, served = report["failures"]
+    assert (first["what"], served["what"]) == ("SIGKILL (donor)", "SIGKILL (donor serving a heal)")
+    assert served["healing"] == first["groups"] and served["groups"] != first["groups"]
+    hit = first["groups"] + served["groups"]
+    back = {g: [h["step"] for h in report["healed"] if h["group"] == g and h["incarnation"] == 1]
+            for g in hit}
+    assert all(steps and steps[0] > 0 for steps in back.values()), back   # healed, from a peer
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("seed, group_size", [(0, 1), (1, 2)])

@@ -44,7 +44,10 @@ def test_the_program_refuses_bad_options_in_one_line(args, message, tmp_path, ca
 ENGINE_BAD = [
     (["--groups", "1"], "--groups 1: at least 2 (a survivor to heal from)"),
     (["--group-size", "3"], "--group-size 3: 1 (DDP) or 2 (FSDP2 in the group)"),
-    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of kill,segv,hang,lighthouse,heal,quorum,two,term,link"),
+    (["--kinds", "kill,fire"], "--kinds kill,fire: each one of "
+     "kill,segv,hang,lighthouse,heal,quorum,two,term,link,donor"),
+    (["--groups", "2", "--kinds", "donor"], "--kinds donor: a donor is killed with 3 "
+     "groups or more (one more live peer to heal from)"),
     (["--kinds", "link"], "--kinds link: a link is cut on a cluster only (give --cluster ID)"),
     (["--failures", "-1"], "--failures -1: 0 or more"),
     (["--state-mb", "-1"], "--state-mb -1: 0 or more"),

@@ -3,7 +3,6 @@ found listening from outside its namespace, and a cut link survived with every i
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
@@ -24,19 +23,6 @@ def test_a_group_on_a_node_meets_at_the_node_address_and_talks_over_its_interfac
     assert engine.group_env(1, 2, "http://198.18.0.1:1", NODE)["GLOO_SOCKET_IFNAME"] == "ddpg-x-1"
     here = engine.group_argv(engine.Settings(), 1, 29000, tmp_path)   # one machine, as before
     assert "--standalone" in here and engine.group_env(1, 2, "u")["GLOO_SOCKET_IFNAME"] == "lo"
-
-
-def test_a_listening_port_is_seen_in_the_process_tables_and_a_closed_one_is_not():
-    import os
-
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
-        assert engine.listening(os.getpid(), port)
-        with socket.socket() as bound:           # bound, not listening: not taken for it
-            bound.bind(("127.0.0.1", 0))
-            assert not engine.listening(os.getpid(), bound.getsockname()[1])
-    assert not engine.listening(os.getpid(), port)
-    assert not engine.listening(2 ** 22 + 1, port)   # no such process
 
 
 def test_a_link_is_cut_only_on_a_cluster():
