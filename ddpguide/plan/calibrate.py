@@ -12,12 +12,14 @@ turns, one computing while the others wait in a barrier (``cost_meter.alone_rate
 ``alone_flops``, the rate of one rank alone, the ranks' mean, as the table's rates are of one
 process alone. Before each step, outside the step's clock, all ranks start together and run the
 matmul for S seconds (``cost_meter.shared_rate``): ``shared_flops`` is the rate of all ranks
-together in the windows before the timed steps (their median), what the ranks get while all of
-them compute, at the time the steps run. The two are timed in the same processes, minutes
-nearer the steps than the table, with nothing but the matmul running. The steps are never
-timed for it and their time is never read here: each window is a matmul of known FLOPs between
-two steps, a microbenchmark as the table's are, so the prediction is made from the machine's
-rate at that time, not fitted to the step it predicts.
+together, each at the slowest rank's rate (a step waits for its slowest rank; on a loaded
+machine the ranks' shares differ 2-3x within a window), in the windows before the timed steps
+(their median): what the ranks get while all of them compute, at the time the steps run. Both
+are timed in the run's processes, within seconds of its steps (the table: half a minute to a
+minute before them), with nothing but the matmul running. The steps are never timed for it and
+their time is never read here: each window is a matmul of known FLOPs between two steps, a
+microbenchmark as the table's are, so the prediction is made from the machine's rate at that
+time, not fitted to the step it predicts.
 
 :func:`beside` scales every rate of the table by one rank's rate alone over the table's rate
 for the same shape, and sets ``Hardware.cores`` to the ranks' rate together over one rank's

@@ -110,13 +110,13 @@ def test_the_rate_window_times_every_rank_before_each_step(tmp_path):
     """--rate-window: each rank times the MLP's matmul alone in a window (alone_flops: their mean),
     then before each step every rank in a window of its own, all ranks at once; shared_flops is
     the median, over the windows before the timed steps (the two first steps are not timed), of
-    the ranks' rates summed. The steps' own times are not
+    the ranks' rate together at the slowest one's pace (a step waits for its slowest rank). The steps' own times are not
     in it: a run without windows reports none."""
     extra = (*CHECK[:-1], "4", "--rate-window", "0.05")
     result, done = measure(("--dp-replicate", "2"), 2, extra=extra, workdir=tmp_path)
     windows = result["shared_windows"]
     assert len(windows) == 4 and all(len(w) == 2 and min(w) > 0 for w in windows), windows
-    together = sorted(sum(w) for w in windows[2:])
+    together = sorted(2 * min(w) for w in windows[2:])  # both ranks at the slower one's rate
     assert result["shared_flops"] == together[1]  # the median of two: the upper, as the step's median
     assert result["alone_flops"] > 0
     assert any(line.startswith("cost rate: all 2 ranks at once got ") and "median of 2 windows of 0.05 s" in line

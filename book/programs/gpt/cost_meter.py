@@ -306,16 +306,18 @@ class Meter:
         step = timed[len(timed) // 2]
         peak = min(e["peak_flops"] for e in every)
         mfu = predicted["flops"] / step / (peak * self.layout.world)
-        # the windows before the timed steps: each one's rate of all ranks together
-        shared = sorted(sum(e["windows"][i] for e in every) for i in range(after, len(self.windows)))
+        # the windows before the timed steps: all ranks at the slowest one's rate in each (a
+        # step waits for its slowest rank), their median
+        shared = sorted(len(every) * min(e["windows"][i] for e in every)
+                        for i in range(after, len(self.windows)))
         print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
               f"{peak / 1e9:.2f} GFLOP/s a rank in {str(self.peak_dtype).removeprefix('torch.')}; "
               f"model FLOPs / measured matmul rate {mfu:.3f}")
         if shared:
             alone = sum(e["alone"] for e in every) / len(every)
             print(f"cost rate: all {self.layout.world} ranks at once got "
-                  f"{shared[len(shared) // 2] / 1e9:.2f} GFLOP/s together (the median of "
-                  f"{len(shared)} windows of {self.window:g} s before the timed steps), one alone "
+                  f"{shared[len(shared) // 2] / 1e9:.2f} GFLOP/s together at the slowest one's pace "
+                  f"(the median of {len(shared)} windows of {self.window:g} s before the timed steps), one alone "
                   f"{alone / 1e9:.2f} GFLOP/s (the ranks' mean)", flush=True)
         return {"predicted": predicted, "counted": [e["bytes"] for e in every],
                 "calls": [e["calls"] for e in every], "memory": [e["memory"] for e in every],
