@@ -171,28 +171,33 @@ def matmul_peak(m, k, n, dtype, device, repeats=5):
     return 2 * m * k * n / best
 
 
-def _window(a, b, device, seconds):
-    """FLOP/s of a @ b run again and again for `seconds` (whole matmuls: the last one ends the
-    window)."""
+def _window(a, b, device, seconds, started=None):
+    """FLOP/s of a @ b run again and again for `seconds` from `started` (time.time(); None:
+    now), in whole matmuls: the last one ends the window."""
     synchronize(device)
-    started, done = time.perf_counter(), 0
+    started, done = started or time.time(), 0
     while True:
         a @ b
         done += 1
         synchronize(device)
-        elapsed = time.perf_counter() - started
+        elapsed = time.time() - started
         if elapsed >= seconds:
             return 2 * a.shape[0] * a.shape[1] * b.shape[1] * done / elapsed
 
 
 def shared_rate(a, b, device, seconds):
-    """FLOP/s this rank gets from a @ b in a window of `seconds` that every rank starts at
-    once (a barrier) and spends on the same matmul: the rate of a rank while all of them
-    compute and share whatever cores the machine has left them, measured now. A timing of its
-    own between two steps, never of a step."""
+    """FLOP/s this rank gets from a @ b in a window of `seconds` that every rank spends on the
+    same matmul: the rate of a rank while all of them compute and share whatever cores the
+    machine has left them, measured now. A timing of its own between two steps, never of a
+    step. The window starts at one moment of the machine's clock for every rank (rank 0's
+    time, sent to all): a rank the scheduler wakes late from the broadcast has lost that time,
+    and its rate shows it."""
     a @ b  # its first call allocates
-    dist.barrier()
-    return _window(a, b, device, seconds)
+    start = torch.tensor([time.time() + 0.01], dtype=torch.float64, device=device)
+    dist.broadcast(start, src=0)
+    started = start.item()
+    time.sleep(max(0.0, started - time.time()))
+    return _window(a, b, device, seconds, started)
 
 
 def alone_rate(a, b, device, seconds):
