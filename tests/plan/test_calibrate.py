@@ -80,3 +80,47 @@ def test_the_step_time_is_not_read(p):
     a = calibrate.beside(p, hw, model, lay, 8, 64, _record(1e9, 2e9, step_seconds=1.0, peak_flops=1e9))
     b = calibrate.beside(p, hw, model, lay, 8, 64, _record(1e9, 2e9, step_seconds=0.0, peak_flops=5e9))
     assert a.matmul == b.matmul and a.cores == b.cores
+
+
+def _saved_loopback(p):
+    """The saved run's loopback rows: each layout, its table, its ranks' record, its step."""
+    from ddpguide.bench.plan_loopback import LOOPBACK
+    from ddpguide.plan import hardware, saved
+
+    bench = saved.load()
+    for dim, ranks, seq, batch, name in LOOPBACK:
+        found = next(m for m in bench["measurements"] if m["name"] == f"loopback dim {dim}, {name}: step")
+        model = catalog.model(p, "gpt", layers=2, dim=dim, heads=4, ffn=4 * dim)
+        lay = next(x for x in search.plain(p, model, ranks, batch, seq) if search.name(x) == name)
+        hw = hardware.from_fields(p, found["details"]["hardware"], "the saved loopback table", known_only=True)
+        yield model, lay, hw, batch, seq, found
+
+
+def test_the_saved_loopback_run_is_predicted_again_from_its_record(p):
+    """Each saved loopback prediction follows from its table and its ranks' two rates alone."""
+    pol = catalog.policy(p, "float32")
+    for model, lay, hw, batch, seq, found in _saved_loopback(p):
+        here = calibrate.beside(p, hw, model, lay, batch, seq, found["details"]["record"])
+        predicted = p.step(model, lay, pol, here, batch, seq)["total"]
+        assert predicted * 1e3 == pytest.approx(found["details"]["predicted_ms"])
+
+
+def test_a_core_share_off_2x_moves_a_loopback_prediction_out_of_band(p):
+    """Planted: the ranks' rate together halved (the cores they got off 2x). Every saved
+    loopback row within 0.8-1.25 where compute is at least 40% of the step leaves the band, and
+    there is one; a row measured at its own prediction leaves it too."""
+    pol = catalog.policy(p, "float32")
+    moved = 0
+    for model, lay, hw, batch, seq, found in _saved_loopback(p):
+        record, measured = found["details"]["record"], found["value"] / 1e3
+        right = p.step(model, lay, pol, calibrate.beside(p, hw, model, lay, batch, seq, record), batch, seq)
+        off = calibrate.beside(p, hw, model, lay, batch, seq, {**record, "shared_flops": record["shared_flops"] / 2})
+        wrong = p.step(model, lay, pol, off, batch, seq)["total"]
+        assert wrong > right["total"]
+        if 0.8 <= right["total"] / measured <= 1.25 and right["compute"] / right["total"] >= 0.4:
+            assert not 0.8 <= wrong / measured <= 1.25, found["name"]
+            moved += 1
+        planted = wrong / right["total"]  # measured where the model as it is puts it: 1.0
+        if right["compute"] / right["total"] >= 0.4:
+            assert planted > 1.25, found["name"]
+    assert moved >= 1
