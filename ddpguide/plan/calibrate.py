@@ -2,8 +2,8 @@
 
 The matmul table and the cores (``plan_measure.py --measure``) are timed before the runs they
 serve, in processes of their own. On a loaded machine the rate a matmul gets moves 2-4x within
-a minute, and the cores several busy processes get move with it (tables half a minute apart
-read 0.44 and 0.95 cores for four ranks): a table timed then can be far from what a run gets.
+a minute, and the cores several busy processes get move with it (tables a minute and a half
+apart read 0.95 and 0.44 cores for four ranks): a table timed then can be far from what a run gets.
 
 ``train.py --cost --rate-window S`` measures it in the run's own processes instead, with a
 matmul of the run's MLP's shape (``rows x dim`` by ``dim x ffn``, as ``cost_meter.matmul_peak``
