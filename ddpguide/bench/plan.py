@@ -19,9 +19,11 @@
   ``command_memory_predicted_over_measured``;
 * time on loopback (no link limit, so compute is most of some steps): the ``LOOPBACK`` layouts
   of GPTs of several widths, each predicted from ``plan_measure.py --measure`` and ``--sweep``
-  run just before it, with as many ranks (``..._loopback_table``), and with the matmul rate
-  ``train.py --cost`` times in its ranks before the steps (:mod:`ddpguide.plan.calibrate`:
-  ``step_predicted_over_measured_loopback``, ``rank_correlation_loopback``);
+  run just before it, with as many ranks (``..._loopback_table``), and with the compute rate
+  its own ranks got, timed by ``train.py --cost --rate-window`` between its steps
+  (:mod:`ddpguide.bench.plan_loopback`, :mod:`ddpguide.plan.calibrate`:
+  ``step_predicted_over_measured_loopback``, ``rank_correlation_loopback``); ``python -m
+  ddpguide.bench.plan_loopback --add FILE`` measures these again alone, into a saved report;
 * each term of the model doubled against the cluster's and loopback's layouts
   (``perturbed_<term>_out_of_band``) and the predicted compute share of all of them
   (``compute_share_min``, ``compute_share_max``);
@@ -52,8 +54,9 @@ import time
 from pathlib import Path
 
 from ddpguide.bench import plan_command
+from ddpguide.bench.plan_loopback import loopback_check, scored
 from ddpguide.bench.report import Report
-from ddpguide.plan import calibrate, catalog, checks, measure, perturb, published, search, tracker
+from ddpguide.plan import catalog, checks, measure, published, search, tracker
 from ddpguide.plan.checks import (
     CHECK_BATCH,
     CHECK_SEQ,
@@ -70,10 +73,6 @@ from ddpguide.plan.checks import (
 CHECK_SHAPES: tuple[tuple[str, int, dict], ...] = (("8 ranks", 8, {}), ("4 ranks, GQA", 4, {"kv_heads": 2}),
                 ("4 ranks, MoE", 4, {"experts": 4, "top_k": 2}))
 QUICK = ("PP x FSDP 2 x 2, 1F1B m2", "PP x HSDP 2 x 2, 1F1B m2")  # steps of about 0.5 s (HSDP alone: 3 s)
-#: the time check on loopback (no link limit): (the GPT's width, ranks, sequence, batch, layout),
-#: chosen so that predicted compute runs from a small share of the step to nearly all of it
-LOOPBACK: tuple[tuple[int, int, int, int, str], ...] = (
-    (32, 4, 64, 8, "CP 4"), (128, 4, 64, 8, "TP 4"), (128, 4, 64, 8, "DDP 4"), (768, 2, 128, 16, "DDP 2"))
 #: the quick mode's microbenchmarks (``plan_measure.py --seconds``, ``--repeats``): shorter
 #: timings, fewer of each size
 QUICK_SECONDS, QUICK_REPEATS = 0.02, 3
@@ -136,61 +135,6 @@ def time_check(report: Report, p, quick: bool, cache: str | None, bar) -> dict:
                min=min(ratios), max=max(ratios), within=sum(0.8 <= r <= 1.25 for r in ratios), layouts=len(ratios),
                dtensor_constants_median=statistics.median(a / b for a, b in zip(dtensor, measured)))
     return {r["name"]: r for r in rows}
-
-
-def scored(report: Report, p, sets: dict[str, list[dict]], model, pol) -> None:
-    """Each term of the model doubled, against each set of measured layouts (the cluster's, and
-    loopback's with their own model in each row; each row holds its hardware): ``perturbed_<term>_out_of_band``
-    is 1 when the doubling fails the check on any set; the predicted compute share of every
-    layout of every set, its least and most."""
-    found = {name: perturb.check(p, rows, model, pol, None, TIME_BATCH, TIME_SEQ) for name, rows in sets.items()}
-    for term in perturb.TERMS:
-        report.ratios[f"perturbed_{term}_out_of_band"] = max(f[term]["out_of_band"] for f in found.values())
-    shares = [x for rows in sets.values() for x in perturb.shares(p, rows, model, pol, None, TIME_BATCH, TIME_SEQ)]
-    report.ratios["compute_share_min"], report.ratios["compute_share_max"] = min(shares), max(shares)
-    failing = sum(report.ratios[f"perturbed_{t}_out_of_band"] for t in perturb.TERMS)
-    report.add("each term of the model doubled", failing, "terms whose doubling fails the check",
-               **{f"{name}: {t}": {k: v for k, v in f[t].items() if k != "inside"} for name, f in found.items()
-                  for t in perturb.TERMS})
-
-
-def loopback_check(report: Report, p, cache: str | None, bar) -> list[dict]:
-    """The :data:`LOOPBACK` layouts run on this machine's loopback with ``train.py --cost``, each
-    just after this machine's hardware is measured for it (:func:`measure.run_beside`: the
-    matmul table, the cores and the loopback link of as many ranks as the layout has), and
-    predicted twice: from that table, and with the compute rate measured in the run's own
-    ranks before its steps (:mod:`ddpguide.plan.calibrate`: a matmul timed in each rank's
-    process, never the steps). A cached run comes back with the table measured beside it.
-    The rows, with their hardware, for the perturbation check."""
-    pol = catalog.policy(p, "float32")
-    bar.total += len(LOOPBACK)
-    rows = []
-    for dim, ranks, seq, batch, name in LOOPBACK:
-        model = catalog.model(p, "gpt", layers=2, dim=dim, heads=4, ffn=4 * dim)
-        lay = next(x for x in search.plain(p, model, ranks, batch, seq) if search.name(x) == name)
-        label = f"dim {dim}, {name}"
-        load = os.getloadavg()[0]
-        hw, result = measure.run_beside(p, lay, model, seq, batch, "float32", steps=5, cache=cache)
-        bar.update()
-        here = calibrate.beside(p, hw, model, lay, batch, seq, result)
-        table, step = (p.step(model, lay, pol, h, batch, seq) for h in (hw, here))
-        measured = result["step_seconds"]
-        rows.append({"name": label, "layout": lay, "model": model, "batch": batch, "seq": seq, "hardware": here,
-                     "predicted": step["total"], "measured": measured, "share": step["compute"] / step["total"]})
-        report.ratios[f"step_predicted_over_measured_loopback: {label}"] = step["total"] / measured
-        report.ratios[f"step_predicted_over_measured_loopback_table: {label}"] = table["total"] / measured
-        report.add(f"loopback {label}: step", measured * 1e3, "ms", predicted_ms=step["total"] * 1e3,
-                   table_predicted_ms=table["total"] * 1e3, compute_share=rows[-1]["share"],
-                   rate_scale=calibrate.scale(p, hw, model, lay, batch, seq, result), load_before=load,
-                   cores=hw.cores, links=hw.links, peak_gflop_s=hw.peak / 1e9, table_at=result.get("measured_at"),
-                   table_then_run_seconds=result.get("beside_seconds"))
-        _say(f"loopback {label}: step predicted {step['total'] * 1e3:.0f} ms beside the run "
-             f"({step['total'] / measured:.2f}), {table['total'] * 1e3:.0f} ms from its table "
-             f"({table['total'] / measured:.2f}), measured {measured * 1e3:.0f} ms; compute "
-             f"{rows[-1]['share']:.2f} of the step; {hw.cores:.2f} cores; load {load:.1f}")
-    predicted, measured = [r["predicted"] for r in rows], [r["measured"] for r in rows]
-    report.ratios["rank_correlation_loopback"] = checks.spearman(predicted, measured)
-    return rows
 
 
 def tracked(report: Report, p) -> None:

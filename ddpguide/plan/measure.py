@@ -52,43 +52,46 @@ def fingerprint(hw: Any) -> str:
     return hashlib.sha256(fields.encode()).hexdigest()[:16]
 
 
-def _extra(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int) -> tuple[str, ...]:
+def _extra(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int,
+           rate_window: float = 0.0) -> tuple[str, ...]:
     return (*render.model_options(model, seq, batch // layout.accumulate, dtype), "--steps", str(steps),
-            "--clip", "1.0")
+            "--clip", "1.0", *(("--rate-window", f"{rate_window:g}") if rate_window else ()))
 
 
 def run_layout(layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int = 3,
-               timeout: float = 600.0, cache: str | None = None) -> dict[str, Any]:
+               timeout: float = 600.0, cache: str | None = None, rate_window: float = 0.0) -> dict[str, Any]:
     """``train.py --cost`` on the layout: the record of its ``cost:`` line (memory counted by
     every rank, the median step). ``cache``: a folder where each finished run is kept and
     from which the same run is read back instead of run again. The memory counted is what the
     allocator's settings do not change: the ranks run with one thread and no ``MALLOC_*``
     tunable, so that the package tests may fork them warm (:mod:`ddpguide.launch.warm`). The
     loopback time check reads its step too (:func:`run_beside`): one thread a rank, as the
-    matmul table is timed."""
-    extra = _extra(layout, model, seq, batch, dtype, steps)
+    matmul table is timed. ``rate_window``: train.py's ``--rate-window`` (0: none), the rate
+    all ranks get together, timed before each step (:mod:`ddpguide.plan.calibrate`)."""
+    extra = _extra(layout, model, seq, batch, dtype, steps, rate_window)
     options = render.options(layout)
     return _cached(cache, " ".join((*options, *extra)), lambda: gpt_cost.measure(
         options, layout.world, extra=extra, timeout=timeout, env={"OMP_NUM_THREADS": "1"})[0])
 
 
 def run_beside(p: ModuleType, layout: Any, model: Any, seq: int, batch: int, dtype: str, steps: int = 5,
-               cache: str | None = None) -> tuple[Any, dict[str, Any]]:
+               cache: str | None = None, rate_window: float = 0.0) -> tuple[Any, dict[str, Any]]:
     """This machine's hardware measured (:func:`hardware.measured`: the matmul table, the
     cores the layout's ranks get, the loopback link under ``torchrun`` of as many ranks), then
     at once :func:`run_layout` on the layout: the hardware and the run's record, measured side
     by side. ``cache`` keeps the two together, so a run read back comes with the table that
-    was measured beside it, never with one measured at another time. The record gains
+    was measured beside it, never with one measured at another time. ``rate_window`` as in
+    :func:`run_layout`. The record gains
     ``beside_seconds``: how long the table, then the run, took (wall clock), and ``measured_at``
     (UTC) when the table was started."""
     def both() -> dict[str, Any]:
         at, start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), time.monotonic()
         hw = hardware.measured(p, ranks=layout.world)
         probed = time.monotonic()
-        result = run_layout(layout, model, seq, batch, dtype, steps=steps)
+        result = run_layout(layout, model, seq, batch, dtype, steps=steps, rate_window=rate_window)
         return {"hardware": dataclasses.asdict(hw), "result": {
             **result, "measured_at": at, "beside_seconds": [probed - start, time.monotonic() - probed]}}
-    key = " ".join(("beside", *render.options(layout), *_extra(layout, model, seq, batch, dtype, steps)))
+    key = " ".join(("beside", *render.options(layout), *_extra(layout, model, seq, batch, dtype, steps, rate_window)))
     found = _cached(cache, key, both)
     return hardware.from_fields(p, found["hardware"], "a cached table", known_only=True), found["result"]
 

@@ -104,6 +104,27 @@ def test_the_report_says_what_the_cost_lines_print(tmp_path):
         parse(without)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_the_rate_window_times_every_rank_before_each_step(tmp_path):
+    """--rate-window: each rank times the MLP's matmul alone in a window (alone_flops: their mean),
+    then before each step every rank in a window of its own, all ranks at once; shared_flops is
+    the median, over the windows before the timed steps (the two first steps are not timed), of
+    the ranks' rate together at the slowest one's pace (a step waits for its slowest rank). The steps' own times are not
+    in it: a run without windows reports none."""
+    extra = (*CHECK[:-1], "4", "--rate-window", "0.05")
+    result, done = measure(("--dp-replicate", "2"), 2, extra=extra, workdir=tmp_path)
+    windows = result["shared_windows"]
+    assert len(windows) == 4 and all(len(w) == 2 and min(w) > 0 for w in windows), windows
+    together = sorted(2 * min(w) for w in windows[2:])  # both ranks at the slower one's rate
+    assert result["shared_flops"] == together[1]  # the median of two: the upper, as the step's median
+    assert result["alone_flops"] > 0
+    assert any(line.startswith("cost rate: all 2 ranks at once got ") and "median of 2 windows of 0.05 s" in line
+               for line in done.program_lines())
+    plain, _ = measure(("--dp-replicate", "2"), 2, extra=(*CHECK[:-1], "4"), workdir=tmp_path / "plain")
+    assert plain["shared_flops"] is None is plain["alone_flops"] and plain["shared_windows"] == []
+
+
 def test_fit_alpha_beta_recovers_latency_and_bandwidth():
     alpha, beta = 50e-6, 1e-9
     samples = []

@@ -35,6 +35,8 @@ def refused(tmp_path, *args, world=None):
     (("--cp", "4", "--seq", "36"), 4, "--cp 4: the zig-zag split needs 2 x 4 chunks of equal length, "
                                       "not of a sequence of 36 tokens"),
     (("--steps", "0"), None, "--steps 0: must be at least 1"),
+    (("--rate-window", "0.5"), None, "--rate-window 0.5: more than 0 and at most 60 (seconds), with --cost"),
+    (("--cost", "--rate-window", "-1"), None, "--rate-window -1: more than 0 and at most 60 (seconds), with --cost"),
 ])
 @pytest.mark.multiprocess
 def test_bad_layouts_and_widths_get_one_line(tmp_path, args, world, message):

@@ -87,7 +87,8 @@ def _planted_machine(monkeypatch, p):
 
     def cost(options, ranks, **kwargs):
         runs.append(options)
-        return {"step_seconds": 0.1, "peak_flops": 1e9, "memory": [{"parameters": 1}] * ranks}, None
+        return {"step_seconds": 0.1, "peak_flops": 1e9, "alone_flops": 1e9, "shared_flops": 1e9 * ranks / 2,
+                "shared_windows": [], "memory": [{"parameters": 1}] * ranks}, None
     monkeypatch.setattr(hardware, "measured", measured)
     monkeypatch.setattr(measure.gpt_cost, "measure", cost)
     return tables, runs
@@ -97,20 +98,20 @@ def test_a_cached_loopback_run_comes_back_with_the_table_measured_beside_it(monk
     """Each loopback run is predicted from the table measured just before it, with as many
     ranks; a benchmark reading the runs back from the cache predicts them from the tables kept
     with them (the same ratios), not from a table measured now (a faster one, planted)."""
-    from ddpguide.bench import plan
+    from ddpguide.bench import plan_loopback
     from ddpguide.bench.report import Report
 
     p = search.program()
     tables, runs = _planted_machine(monkeypatch, p)
     bar = SimpleNamespace(total=0, update=lambda: None)
     first, again = Report("plan"), Report("plan")
-    plan.loopback_check(first, p, str(tmp_path), bar)
-    assert tables == [ranks for _, ranks, *_ in plan.LOOPBACK] and len(runs) == len(plan.LOOPBACK)
+    plan_loopback.loopback_check(first, p, str(tmp_path), bar)
+    assert tables == [ranks for _, ranks, *_ in plan_loopback.LOOPBACK] and len(runs) == len(plan_loopback.LOOPBACK)
     table_ms = [m.details["table_predicted_ms"] for m in first.measurements]
     assert len(set(table_ms)) == len(table_ms)  # each from its own table
-    plan.loopback_check(again, p, str(tmp_path), bar)
-    assert len(tables) == len(runs) == len(plan.LOOPBACK)  # nothing measured again
+    plan_loopback.loopback_check(again, p, str(tmp_path), bar)
+    assert len(tables) == len(runs) == len(plan_loopback.LOOPBACK)  # nothing measured again
     assert again.ratios == first.ratios
     fresh = Report("plan")
-    plan.loopback_check(fresh, p, None, bar)  # no cache: new tables, twice as fast, beside new runs
+    plan_loopback.loopback_check(fresh, p, None, bar)  # no cache: new tables, twice as fast, beside new runs
     assert all(fresh.ratios[k] != first.ratios[k] for k in first.ratios if "table" in k)

@@ -171,6 +171,48 @@ def matmul_peak(m, k, n, dtype, device, repeats=5):
     return 2 * m * k * n / best
 
 
+def _window(a, b, device, seconds, started=None):
+    """FLOP/s of a @ b run again and again for `seconds` from `started` (time.time(); None:
+    now), in whole matmuls: the last one ends the window."""
+    synchronize(device)
+    started, done = started or time.time(), 0
+    while True:
+        a @ b
+        done += 1
+        synchronize(device)
+        elapsed = time.time() - started
+        if elapsed >= seconds:
+            return 2 * a.shape[0] * a.shape[1] * b.shape[1] * done / elapsed
+
+
+def shared_rate(a, b, device, seconds):
+    """FLOP/s this rank gets from a @ b in a window of `seconds` that every rank spends on the
+    same matmul: the rate of a rank while all of them compute and share whatever cores the
+    machine has left them, measured now. A timing of its own between two steps, never of a
+    step. The window starts at one moment of the machine's clock for every rank (rank 0's
+    time, sent to all): a rank the scheduler wakes late from the broadcast has lost that time,
+    and its rate shows it."""
+    a @ b  # its first call allocates
+    start = torch.tensor([time.time() + 0.01], dtype=torch.float64, device=device)
+    dist.broadcast(start, src=0)
+    started = start.item()
+    time.sleep(max(0.0, started - time.time()))
+    return _window(a, b, device, seconds, started)
+
+
+def alone_rate(a, b, device, seconds):
+    """The same window with this rank alone computing: the ranks take turns, the others wait
+    in a barrier (a wait that uses no core)."""
+    a @ b
+    rate = 0.0
+    for turn in range(dist.get_world_size()):
+        dist.barrier()
+        if turn == dist.get_rank():
+            rate = _window(a, b, device, seconds)
+    dist.barrier()
+    return rate
+
+
 class Meter:
     """train.py --cost: count one step (the second: the first builds AdamW's state lazily)
     and time every step; rank 0 prints the prediction first and the comparison last, and
@@ -196,6 +238,12 @@ class Meter:
         self.peak_dtype = torch.bfloat16 if args.bf16 else getattr(torch, args.dtype)
         self.peak = matmul_peak(rows, config.dim, config.ffn * config.dim, self.peak_dtype,
                                 self.device)
+        # --rate-window: the same matmul timed by every rank at once before each step
+        self.window, self.windows = args.rate_window, []
+        self.pair = [torch.randn(r, c, dtype=self.peak_dtype, device=self.device)
+                     for r, c in ((rows, config.dim), (config.dim, config.ffn * config.dim))
+                     if self.window]
+        self.alone = alone_rate(*self.pair, self.device, self.window) if self.window else None
         if dist.get_rank() == 0:
             mine = self.prediction["bytes"][0]
             print("cost predicted, rank 0: " + ", ".join(f"{k} {v} B" for k, v in mine.items())
@@ -207,6 +255,8 @@ class Meter:
     def begin(self, step):
         if self.enabled:
             self.begun += 1
+            if self.window:  # before the step's clock and its counters start
+                self.windows.append(shared_rate(*self.pair, self.device, self.window))
             if self.begun == 2:
                 self.counter.__enter__()
                 self.saved.hooks.__enter__()
@@ -238,7 +288,8 @@ class Meter:
                 print("cost, nothing counted: --cost counts the second step of a run", flush=True)
             return None
         mine = {"bytes": self.counter.bytes, "calls": self.counter.calls,
-                "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds}
+                "memory": self.measured(), "peak_flops": self.peak, "seconds": self.seconds,
+                "windows": self.windows, "alone": self.alone}
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         if dist.get_rank() != 0:
@@ -260,12 +311,25 @@ class Meter:
         step = timed[len(timed) // 2]
         peak = min(e["peak_flops"] for e in every)
         mfu = predicted["flops"] / step / (peak * self.layout.world)
+        # the windows before the timed steps: all ranks at the slowest one's rate in each (a
+        # step waits for its slowest rank), their median
+        shared = sorted(len(every) * min(e["windows"][i] for e in every)
+                        for i in range(after, len(self.windows)))
         print(f"cost flops: {predicted['flops']:.4g} a step in {step * 1e3:.1f} ms; matmul peak "
               f"{peak / 1e9:.2f} GFLOP/s a rank in {str(self.peak_dtype).removeprefix('torch.')}; "
               f"model FLOPs / measured matmul rate {mfu:.3f}")
+        if shared:
+            alone = sum(e["alone"] for e in every) / len(every)
+            print(f"cost rate: all {self.layout.world} ranks at once got "
+                  f"{shared[len(shared) // 2] / 1e9:.2f} GFLOP/s together at the slowest one's pace "
+                  f"(the median of {len(shared)} windows of {self.window:g} s before the timed steps), one alone "
+                  f"{alone / 1e9:.2f} GFLOP/s (the ranks' mean)", flush=True)
         return {"predicted": predicted, "counted": [e["bytes"] for e in every],
                 "calls": [e["calls"] for e in every], "memory": [e["memory"] for e in every],
                 "step_seconds": step, "peak_flops": peak, "mfu": mfu,
                 "peak_dtype": str(self.peak_dtype).removeprefix("torch."),
+                "shared_flops": shared[len(shared) // 2] if shared else None,
+                "alone_flops": sum(e["alone"] for e in every) / len(every) if shared else None,
+                "shared_windows": [[e["windows"][i] for e in every] for i in range(len(self.windows))],
                 "first_step_seconds": max(e["seconds"][0] for e in every),
                 "layout": asdict(self.layout), "microbatches": self.args.microbatches}

@@ -104,6 +104,9 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=0, help="print the loss every N steps")
     p.add_argument("--cost", action="store_true", help="print the predicted and the counted "
                    "bytes, memory and FLOPs of a step (cost_model.py, cost_meter.py)")
+    p.add_argument("--rate-window", type=float, default=0.0, metavar="SECONDS", help="with --cost: "
+                   "before each step every rank times its MLP's matmul for SECONDS, all at once "
+                   "(the compute rate the ranks get together; default 0: none)")
     p.add_argument("--report", help="write the losses (and the cost) here as JSON at the end")
     args = p.parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -127,6 +130,8 @@ def parse_args(argv=None):
     if min(args.microbatches, args.save_every, args.sample, args.log_every, args.clip, args.aux_loss) < 0:
         fail("--microbatches, --save-every, --sample, --log-every, --clip and --aux-loss: must not "
              "be negative")
+    if args.rate_window and not (args.cost and 0 < args.rate_window <= 60):
+        fail(f"--rate-window {args.rate_window:g}: more than 0 and at most 60 (seconds), with --cost")
     if args.bf16 and args.dtype != "float32":
         fail(f"--bf16 with --dtype {args.dtype}: the parameters bfloat16 is cast from are float32")
     if not args.lr > 0:
