@@ -400,7 +400,7 @@ def main():
     data = text_bytes(args.text)
     losses = []
     started = time.perf_counter()
-    meter = Meter(config, layout, args, stage, optimizer, predict(config, layout, args) if args.cost else None,
+    meter = Meter(config, layout, args, stage, optimizer, predict(config, layout, args, device.type) if args.cost else None,
                   enabled=args.cost)
     for step in range(first, args.steps):
         meter.begin(step)
