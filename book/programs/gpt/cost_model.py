@@ -230,7 +230,8 @@ def _attention(c, layout, args, at, rows, seq, kernel):
     flash returns its output laid out like the query, the efficient kernel's as (batch,
     tokens, heads, width): wo's input is then a view, not a copy (_meta_registrations.py).
     The math kernel (a composite of matmuls) keeps the scaled query, the scaled keys and the
-    values expanded to every query head, and the weights (queries x keys per head), no mask.
+    values expanded to every query head, and the weights (queries x keys per head), no mask
+    and not its output (wo keeps it, or the copy it gets).
     """
     _, A = sizes(args)
     t, cp = layout.tp, layout.cp
@@ -247,7 +248,7 @@ def _attention(c, layout, args, at, rows, seq, kernel):
         k = sum(rows * heads * n * width for _, n in calls)
         v = k if heads != kv_heads else rows * keys * heads * width  # one tensor, sliced
         weights = sum(rows * heads * m * n for m, n in calls)
-        return (q + k + v + weights + (1 + copy) * q) * A
+        return (q + k + v + weights + q) * A  # wo's input: its output, or a copy of it
     pad = -(-width // 8) * 8 / width if kernel == "flash" else 1  # flash pads the head width
     kv = 2 * rows * keys * kv_heads * width
     if kernel == "efficient":
@@ -305,10 +306,11 @@ def _unsharded(c, layout, args, stage):
     return max(root + norm + peak, 2 * root)
 
 
-def predict_memory(c, layout, args, rank, device="cpu"):
+def predict_memory(c, layout, args, rank, device="cpu", kernel=None):
     """Bytes this rank holds: parameters (its shards), gradients (the same shapes), AdamW's
     two moments and a step counter per tensor, the activations autograd keeps, and FSDP2's
-    unsharded parameters and gradients at most at once (_unsharded).
+    unsharded parameters and gradients at most at once (_unsharded). kernel: the attention
+    kernel to assume (default: the one attention_kernel finds for the device).
 
     Activations, in units of one rank's residual stream x (rows x tokens x dim), t = tp:
     each RMSNorm keeps, on the CPU, its input and the normalised input (x/t each under
@@ -347,9 +349,9 @@ def predict_memory(c, layout, args, rank, device="cpu"):
         in_flight = micro if args.schedule == "GPipe" else min(micro, layout.pp - stage)
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
-    kernel = attention_kernel(c, args, device)
+    kernel = kernel or attention_kernel(c, args, device)
     # bytes: a norm's own saved state, and the next linear layer's input
-    norm = (2 * x // t * F if kernel == "cpu" else x // t * A) + x * A
+    norm = (2 * x // t * F if device != "cuda" else x // t * A) + x * A
     rstd = 2 * rows * seq // t  # the two norms' (float32 at least)
     rotary = 4 * seq * c.dim // c.heads // 2  # cos, sin (of q and k)
     moe = 0  # bytes of the mixture of experts
