@@ -273,9 +273,12 @@ def _unsharded(c, layout, args, stage):
     block is gathered for its forward and again for its backward, where its gradients
     exist until its reduce-scatter: root + a block + its gradients (and the final norm's
     gradient, which the head's backward makes first), or, at the end, root and its
-    gradients; under EP a block's experts, a group of their own, are reduced first. (The block a backward prefetches waits in FSDP2's all-gather buffer, which
-    is a communication buffer, not counted here.) Before the last of several accumulation
-    steps every gradient is kept unsharded. A pipeline stage keeps all its groups gathered
+    gradients; under EP a block's experts, a group of their own, are reduced first. Under
+    TP the embedding's gradient from its lookup comes back whole (every vocabulary row), tp
+    times its gathered rows, until tie_gradients cuts it. (The block a backward prefetches
+    waits in FSDP2's all-gather buffer, a communication buffer, not counted here.) Before
+    the last of several accumulation steps every gradient is kept unsharded. A pipeline
+    stage keeps all its groups gathered
     (reshard_after_forward=False) and its gradients too, until the schedule's last backward.
     """
     if not _fsdp(layout, args):
@@ -283,6 +286,7 @@ def _unsharded(c, layout, args, stage):
     B, A = sizes(args)
     n = layout.dp_shard * layout.cp * layout.ep
     blocks, experts, root, norm = {}, {}, 0, 0  # bytes gathered: by block, its experts apart
+    whole_emb = 0  # what the embedding's gradient holds beyond its gathered rows
     for name, shape, group in stage_parameters(c, layout, stage, args.bf16):
         ranks = n if not group.startswith("experts") else layout.dp_shard * layout.cp
         gathered = _chunk(shape[0], ranks, 0)[0] * ranks * math.prod(shape[1:])
@@ -290,20 +294,23 @@ def _unsharded(c, layout, args, stage):
         if group == "root":
             root += gathered
             norm += gathered if name == "norm" else 0  # its gradient exists from the head on
+            if name == "tok_emb" and stage == 0:  # under TP the lookup's gradient is whole
+                whole_emb = (layout.tp - 1) * gathered
         else:
             index = int("".join(ch for ch in group if ch.isdigit()))
             part = experts if group.startswith("experts") else blocks
             part[index] = part.get(index, 0) + gathered
     whole = {i: blocks[i] + experts.get(i, 0) for i in blocks}
     if layout.pp > 1:
-        return 2 * (root + sum(whole.values()))
+        return 2 * (root + sum(whole.values())) + whole_emb
     if args.accumulate > 1:  # the last micro-step's backward starts with every gradient kept
+        # (the embedding's gradient kept between them is its gathered rows: counted so)
         return 2 * root + sum(whole.values()) + whole[max(whole)]
     # a block's experts (a group of their own under EP) are reduced and resharded before the
     # rest of the block's gradients exist
     peak = max(whole[i] + max(experts[i], blocks[i]) if i in experts else 2 * whole[i]
                for i in whole)
-    return max(root + norm + peak, 2 * root)
+    return max(root + norm + peak, 2 * root + whole_emb)
 
 
 def predict_memory(c, layout, args, rank, device="cpu", kernel=None):
