@@ -30,8 +30,8 @@ def saved_by_kernel(kernel: str, dtype: str = "float64", batch: int = 4, **confi
     forced, and ``predict_memory``'s activations for that kernel."""
     if kernel not in BACKENDS:
         raise ValueError(f"saved_by_kernel: {kernel!r} does not run on a CPU (one of {', '.join(BACKENDS)})")
-    model, cost_model, meter, parallelize = (load(f"gpt/{name}.py") for name in
-                                             ("model", "cost_model", "cost_meter", "parallelize"))
+    model, cost_model = load("gpt/model.py"), load("gpt/cost_model.py")
+    meter, parallelize = load("gpt/cost_meter.py"), load("gpt/parallelize.py")
     c = model.Config(**config)
     c = model.Config(**{**config, "kv_heads": c.kv_heads or c.heads})
     args = types.SimpleNamespace(dtype=dtype, bf16=False, batch=batch, accumulate=1, microbatches=1,

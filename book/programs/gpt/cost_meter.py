@@ -94,10 +94,10 @@ class SavedBytes:
 
     And FSDP2's gathered parameters with their gradients: while a group is gathered, the
     module's parameters are FSDP2's unsharded copies, not the shards the model was built
-    with (it frees a copy by resizing its storage to nothing, which no hook sees). Whenever
-    autograd saves a parameter the module's current ones are looked at; at every tensor
-    saved or used again, and after every gradient a copy gets, the copies' storages and
-    gradients are added up, the peak kept."""
+    with (it frees a copy by resizing its storage to nothing, which no hook sees). At every
+    tensor saved or used again, and after every gradient a copy gets, the module's current
+    parameters are looked at and the copies' storages and gradients added up, the peak
+    kept."""
 
     def __init__(self, module):
         self.module = module
@@ -107,6 +107,10 @@ class SavedBytes:
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
     def sample(self):
+        for p in self.module.parameters():  # FSDP2's unsharded copies, if gathered now
+            if _local(p).untyped_storage().data_ptr() not in self.skip and id(p) not in self.gathered:
+                self.gathered[id(p)] = p  # and counted again as each gradient lands
+                p.register_post_accumulate_grad_hook(lambda _: self.sample())
         now = 0
         for p in self.gathered.values():
             now += _local(p).untyped_storage().nbytes()
@@ -125,12 +129,6 @@ class SavedBytes:
         if local.device.type == "meta":
             return held
         if base.is_leaf and base.requires_grad:  # a parameter or a view of one
-            if _local(base).untyped_storage().data_ptr() not in self.skip:
-                for p in self.module.parameters():  # FSDP2's unsharded copies, gathered now
-                    if (_local(p).untyped_storage().data_ptr() not in self.skip
-                            and id(p) not in self.gathered):
-                        self.gathered[id(p)] = p  # and counted again as each gradient lands
-                        p.register_post_accumulate_grad_hook(lambda _: self.sample())
             self.sample()
             return held
         key = local.untyped_storage().data_ptr()
