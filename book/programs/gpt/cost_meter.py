@@ -289,8 +289,8 @@ class Meter:
         print(f"cost memory predicted for {predicted['device']} ({predicted['attention']} "
               "attention kernel)", flush=True)
         for part in ("parameters", "gradients", "optimizer", "activations", "unsharded"):
-            ratio = max(e["memory"][part] / max(p[part], 1)
-                        for e, p in zip(every, predicted["memory"]))
+            ratio = max(e["memory"][part] / p[part] if p[part] else float(e["memory"][part] == 0)
+                        for e, p in zip(every, predicted["memory"]))  # (1: nothing, as predicted)
             print(f"cost {part}: predicted {predicted['memory'][0][part]} B, measured "
                   f"{every[0]['memory'][part]} B (rank 0); measured / predicted at most {ratio:.3f}")
         if every[0]["memory"]["cuda_peak_growth"] is not None:

@@ -2,7 +2,8 @@
 alone: the bytes every collective is given, the memory every rank holds, the step's FLOPs.
 torch only; train.py --cost prints these beside what cost_meter.py counts in a step. The
 prediction is for the run's dtype: with --bf16 the activations and their collectives are
-smaller.
+smaller; and for its device: the kernels of a CPU and of CUDA keep different tensors for
+the backward pass (predict_memory).
 
 "Bytes sent" is, for every collective, the size of the tensor a rank puts in: the shard
 it contributes to an all-gather, the whole tensor it offers to a reduce-scatter or an
@@ -202,12 +203,13 @@ def attention_kernel(c, args, device="cpu"):
 
     On the CPU: "cpu" (its flash kernel; an explicit mask, causal_lower_right's made into
     bools, is kept for the backward pass). On CUDA, SDPA tries flash, then the
-    memory-efficient kernel, then the math one (sdp_utils.cpp, for a GPU of compute
-    capability 8.0 or newer); causal_lower_right (nn/attention/bias.py) asks the same two
-    and, where both decline, makes its mask and calls SDPA with it, which gets the math
-    kernel. Flash takes only float16 and bfloat16 (--bf16); the efficient kernel takes
-    float32 but not grouped-query attention (heads != kv_heads) and needs a head width
-    that is a multiple of 4; float64 and what both decline get "math".
+    memory-efficient kernel, then the math one (sdp_utils.cpp in PyTorch's repository, not
+    shipped in the wheel; for a GPU of compute capability 8.0 or newer);
+    causal_lower_right (nn/attention/bias.py) asks the same two and, where both decline,
+    makes its mask and calls SDPA with it, which gets the math kernel. Flash takes only
+    float16 and bfloat16 (--bf16); the efficient kernel takes float32 but not grouped-query
+    attention (heads != kv_heads) and needs a head width that is a multiple of 4; float64
+    and what both decline get "math".
     """
     if device != "cuda":
         return "cpu"
