@@ -103,7 +103,7 @@ CHAPTERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "launch.programs", "pipeline.timeline", "pipeline.viz", "pipeline.zoo", "sbp.boxing_rules",
     ), ("bench",)),
     "14_gpt_capstone": ("14", (
-        "gpt.layouts", "launch.programs",
+        "gpt.kernels", "gpt.layouts", "launch.programs",
     ), ("bench", "gpt")),
     "15_cluster": ("15", (
         "cluster.cluster", "cluster.experiments", "cluster.launch", "cluster.model", "cluster.netns",

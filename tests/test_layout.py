@@ -52,7 +52,7 @@ PROGRAMS_USED = {
     "sharding": {"zero3_by_hand.py", "dcp_reshard.py", "tensor_parallel.py", "fsdp_tp_2d.py"},
     "context": {"ring_attention.py"},
     "experts": {"moe_expert_parallel.py"},
-    "gpt": {"gpt/train.py"},
+    "gpt": {"gpt/train.py", "gpt/model.py", "gpt/cost_model.py", "gpt/cost_meter.py", "gpt/parallelize.py"},
     "plan": {"plan_cost.py", "plan_step.py", "plan_measure.py", "gpt/train.py", "gpt/model.py", "gpt/parallelize.py"},
     "failures": {"ft_train.py", "elastic_train.py"},
     "slurm": {"slurm_requeue.py", "ft_train.py"},

@@ -5,6 +5,11 @@
 2. A rank that ``CUDA_VISIBLE_DEVICES`` leaves one GPU (8 local ranks) gets ``cuda:0`` and nccl
    from ``select_runtime`` and from ``dcp_reshard.py``'s ``rank_device()``.
 3. The doctor with one rank on the GPU: nccl, its version printed, the sweep to 1 GiB.
+4. Chapter 14's memory formulas on CUDA (``train.py --cost`` on one GPU, with each attention
+   kernel SDPA picks there: efficient in float32, flash with ``--bf16``, math with grouped-query
+   attention in float32): what autograd keeps within 2% of the CUDA branch's prediction, and
+   ``torch.cuda.max_memory_allocated`` above the step's start set beside the predicted
+   gradients, activations and FSDP2 copies (:func:`judge_memory`).
 
 Prints one line per check (``ok`` / ``FAILED``) and exits 1 if any failed.
 """
@@ -75,9 +80,50 @@ def check_doctor() -> str:
     return ""
 
 
+MEMORY_RUNS = {"efficient": (), "flash": ("--bf16",), "math": ("--kv-heads", "2")}
+
+
+def judge_memory(kernel: str, cost: dict) -> str:
+    """The problem with one ``--cost`` run on CUDA ('' if none): the kernel the prediction
+    assumed, the saved bytes against the prediction (2%), and an allocator peak that holds
+    at least the saved activations (it also holds what is not predicted: the gradients of
+    the activations, the logits, the allocator's rounding)."""
+    predicted, measured = cost["predicted"]["memory"][0], cost["memory"][0]
+    if (cost["predicted"]["device"], cost["predicted"]["attention"]) != ("cuda", kernel):
+        return f"{kernel}: predicted for {cost['predicted']['device']}, {cost['predicted']['attention']}"
+    ratio = measured["activations"] / predicted["activations"]
+    if not 0.98 <= ratio <= 1.02:
+        return f"{kernel}: activations measured / predicted {ratio:.3f}"
+    growth = measured["cuda_peak_growth"]
+    if growth is None or growth < measured["activations"]:
+        return f"{kernel}: max_memory_allocated grew {growth} B, below the {measured['activations']} B kept"
+    expected = predicted["gradients"] + predicted["activations"] + predicted["unsharded"]
+    print(f"{kernel}: activations {ratio:.3f} of predicted; allocator peak above the start "
+          f"{growth / expected:.2f} x predicted gradients + activations + unsharded", flush=True)
+    return ""
+
+
+def check_memory() -> str:
+    import json
+
+    problems = []
+    for kernel, options in MEMORY_RUNS.items():
+        with tempfile.TemporaryDirectory() as folder:
+            done = subprocess.run([sys.executable, str(ROOT / "book/programs/gpt/train.py"), "--steps", "3",
+                                   "--cost", "--report", f"{folder}/r.json", *options], cwd=folder,
+                                  capture_output=True, text=True, timeout=240)
+            if done.returncode != 0:
+                problems.append(f"{kernel}: exit {done.returncode}: {done.stderr.strip()[-200:]}")
+                continue
+            print("\n".join(line for line in done.stdout.splitlines() if line.startswith("cost ")))
+            problems.append(judge_memory(kernel, json.loads(Path(f"{folder}/r.json").read_text())["cost"]))
+    return "; ".join(p for p in problems if p)
+
+
 CHECKS = {"async_save and the CPU backend": check_async_save,
           "one GPU per rank (CUDA_VISIBLE_DEVICES)": check_one_gpu_per_rank,
-          "doctor on one GPU (nccl, to 1 GiB)": check_doctor}
+          "doctor on one GPU (nccl, to 1 GiB)": check_doctor,
+          "chapter 14's memory on CUDA (three attention kernels)": check_memory}
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ from ddpguide.launch.programs import ProgramRun, run, torchrun
 from ddpguide.launch.report import ReportError
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
-MEMORY = ("parameters", "gradients", "optimizer", "activations")
+MEMORY = ("parameters", "gradients", "optimizer", "activations", "unsharded")
 
 
 def measure(options: tuple[str, ...], ranks: int, extra: tuple[str, ...] = CHECK,
@@ -45,7 +45,8 @@ def compare(result: dict) -> dict:
     whether every rank's count equals its own prediction (all-to-all: routing decides
     each rank's share, only the total is predicted), and measured over predicted memory
     by part: the largest ratio over the ranks, and all ranks together (``memory_mean``:
-    under EP a rank's activations, like its all-to-all, depend on the routing)."""
+    under EP a rank's activations, like its all-to-all, depend on the routing). The parts
+    are :data:`MEMORY`, FSDP2's ``unsharded`` copies among them."""
     predicted, counted = result["predicted"]["bytes"], result["counted"]
     out: dict = {"bytes": {}, "per_rank": {}, "memory": {}, "memory_mean": {}}
     for kind in KINDS:
@@ -54,9 +55,14 @@ def compare(result: dict) -> dict:
         out["per_rank"][kind] = all(a[kind] == b[kind] for a, b in zip(predicted, counted))
     for part in MEMORY:
         pairs = list(zip(result["memory"], result["predicted"]["memory"]))
-        out["memory"][part] = max(m[part] / max(p[part], 1) for m, p in pairs)
-        out["memory_mean"][part] = sum(m[part] for m, _ in pairs) / max(sum(p[part] for _, p in pairs), 1)
+        out["memory"][part] = max(_ratio(m[part], p[part]) for m, p in pairs)
+        out["memory_mean"][part] = _ratio(sum(m[part] for m, _ in pairs), sum(p[part] for _, p in pairs))
     return out
+
+
+def _ratio(measured: float, predicted: float) -> float:
+    """Measured over predicted; 1.0 where both are 0 (no FSDP2: nothing unsharded)."""
+    return measured / predicted if predicted else float(measured == 0)
 
 
 def ring_steps(kind: str, ranks: int) -> int:

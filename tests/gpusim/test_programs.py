@@ -89,3 +89,31 @@ def test_the_capstone_s_bf16_utilisation_divides_by_a_bfloat16_rate(tmp_path):
     cost = json.loads((tmp_path / "report.json").read_text())["cost"]
     assert cost["peak_dtype"] == "bfloat16" and cost["mfu"] > 0
     assert "GFLOP/s a rank in bfloat16; model FLOPs / measured matmul rate" in done.stdout
+
+
+def test_the_capstone_s_memory_prediction_follows_the_device_it_runs_on(tmp_path):
+    """N14.3: --cost compared CUDA tensors with the formulas of the CPU's kernels. On a GPU
+    (one simulated here) the prediction is CUDA's: the efficient kernel for float32, the
+    fused norm, no masks; and the allocator's peak is set beside it."""
+    import types
+
+    from ddpguide.launch.programs import load
+
+    log = tmp_path / "gpusim.log"
+    options = ("--dim", "32", "--heads", "4", "--layers", "2", "--seq", "16", "--steps", "3")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=1", path_of("gpt/train.py"), *options, "--cost",
+                           "--report", "report.json"], cwd=tmp_path,
+                          env=gpusim.environment(1, log), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert not log.exists(), log.read_text()
+    predicted = json.loads((tmp_path / "report.json").read_text())["cost"]["predicted"]
+    assert (predicted["device"], predicted["attention"]) == ("cuda", "efficient")
+    cost_model, model, parallelize = (load(f"gpt/{n}.py") for n in ("cost_model", "model", "parallelize"))
+    c = model.Config(dim=32, heads=4, kv_heads=4, layers=2, seq=16)
+    args = types.SimpleNamespace(dtype="float32", bf16=False, batch=8, accumulate=1, microbatches=2,
+                                 schedule="1F1B", checkpoint_activations=False, clip=1.0)
+    on = {d: cost_model.predict_memory(c, parallelize.Layout(), args, 0, d) for d in ("cpu", "cuda")}
+    assert predicted["memory"] == [on["cuda"]] and on["cuda"] != on["cpu"]
+    assert "cost memory predicted for cuda (efficient attention kernel)" in done.stdout
+    assert "cost cuda peak: max_memory_allocated 0 B above the step's start" in done.stdout  # a stub here

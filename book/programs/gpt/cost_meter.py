@@ -90,19 +90,47 @@ class SavedBytes:
     """Peak bytes of the tensors autograd keeps for backward (saved_tensors_hooks), each
     storage once, parameters (and views of them) left out. A checkpointed block keeps
     its input (seen); what it recomputes in the backward pass lives only there, through
-    hooks of its own (not seen: it is not kept from forward to backward)."""
+    hooks of its own (not seen: it is not kept from forward to backward).
 
-    def __init__(self, parameters):
-        self.skip = {_local(p).untyped_storage().data_ptr() for p in parameters}
+    And FSDP2's gathered parameters with their gradients: while a group is gathered, the
+    module's parameters are FSDP2's unsharded copies, not the shards the model was built
+    with (it frees a copy by resizing its storage to nothing, which no hook sees). At every
+    tensor saved or used again, and after every gradient a copy gets, the module's current
+    parameters are looked at and the copies' storages and gradients added up, the peak
+    kept."""
+
+    def __init__(self, module):
+        self.module = module
+        self.skip = {_local(p).untyped_storage().data_ptr() for p in module.parameters()}
         self.live, self.refs, self.now, self.peak = {}, {}, 0, 0
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda held: held.tensor)
+        self.gathered, self.unsharded_peak = {}, 0
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def sample(self):
+        for p in self.module.parameters():  # FSDP2's unsharded copies, if gathered now
+            if _local(p).untyped_storage().data_ptr() not in self.skip and id(p) not in self.gathered:
+                self.gathered[id(p)] = p  # and counted again as each gradient lands
+                p.register_post_accumulate_grad_hook(lambda _: self.sample())
+        now = 0
+        for p in self.gathered.values():
+            now += _local(p).untyped_storage().nbytes()
+            if p.grad is not None:
+                now += _local(p.grad).untyped_storage().nbytes()
+        self.unsharded_peak = max(self.unsharded_peak, now)
+
+    def unpack(self, held):
+        self.sample()
+        return held.tensor
 
     def pack(self, tensor):
         held = _Held(tensor)
         local = _local(tensor)
         base = tensor if tensor._base is None else tensor._base
-        if (base.is_leaf and base.requires_grad) or local.device.type == "meta":
-            return held  # a parameter (FSDP's gathered ones too) or a view of one
+        if local.device.type == "meta":
+            return held
+        if base.is_leaf and base.requires_grad:  # a parameter or a view of one
+            self.sample()
+            return held
         key = local.untyped_storage().data_ptr()
         if key in self.skip:
             return held
@@ -112,6 +140,7 @@ class SavedBytes:
             self.peak = max(self.peak, self.now)
         self.refs[key] = self.refs.get(key, 0) + 1
         weakref.finalize(held, self.release, key)
+        self.sample()
         return held
 
     def release(self, key):
@@ -225,8 +254,8 @@ class Meter:
         self.config, self.layout, self.args = config, layout, args
         self.stage, self.optimizer = stage, optimizer
         self.begun, self.counted = 0, False  # the second step this run takes is counted
-        self.counter, self.saved = CommCounter(), SavedBytes(list(stage.parameters()))
-        self.seconds, self.grad_bytes = [], 0
+        self.counter, self.saved = CommCounter(), SavedBytes(stage)
+        self.seconds, self.grad_bytes, self.cuda_growth = [], 0, None
         optimizer.register_step_pre_hook(self._grads)
         self.prediction = prediction  # cost_model.predict: every rank's bytes, memory; FLOPs
         self.rss_before = _rss()
@@ -260,6 +289,10 @@ class Meter:
             if self.begun == 2:
                 self.counter.__enter__()
                 self.saved.hooks.__enter__()
+                if self.device.type == "cuda":  # the allocator's own count, from here
+                    synchronize(self.device)
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                    self.cuda_start = torch.cuda.memory_allocated(self.device)
             synchronize(self.device)
             self.started = time.perf_counter()
 
@@ -269,6 +302,8 @@ class Meter:
         synchronize(self.device)
         self.seconds.append(time.perf_counter() - self.started)
         if self.begun == 2:
+            if self.device.type == "cuda":
+                self.cuda_growth = torch.cuda.max_memory_allocated(self.device) - self.cuda_start
             self.saved.hooks.__exit__(None, None, None)
             self.counter.__exit__(None, None, None)
             self.counted = True
@@ -278,7 +313,9 @@ class Meter:
                  if isinstance(t, torch.Tensor)]
         return {"parameters": _bytes_of(self.stage.parameters()), "gradients": self.grad_bytes,
                 "optimizer": _bytes_of(state), "activations": self.saved.peak,
-                "peak_rss_growth": _max_rss() - self.rss_before}
+                "unsharded": self.saved.unsharded_peak,
+                "peak_rss_growth": _max_rss() - self.rss_before,
+                "cuda_peak_growth": self.cuda_growth}
 
     def report(self):
         if not self.enabled:
@@ -300,11 +337,24 @@ class Meter:
             same = all(a[kind] == e["bytes"][kind] for a, e in zip(predicted["bytes"], every))
             print(f"cost {kind}: predicted {p} B, counted {c} B (all ranks)"
                   + ("" if same else ", ranks differ"), flush=True)
-        for part in ("parameters", "gradients", "optimizer", "activations"):
-            ratio = max(e["memory"][part] / max(p[part], 1)
-                        for e, p in zip(every, predicted["memory"]))
+        print(f"cost memory predicted for {predicted['device']} ({predicted['attention']} "
+              "attention kernel)", flush=True)
+        for part in ("parameters", "gradients", "optimizer", "activations", "unsharded"):
+            ratio = max(e["memory"][part] / p[part] if p[part] else float(e["memory"][part] == 0)
+                        for e, p in zip(every, predicted["memory"]))  # (1: nothing, as predicted)
             print(f"cost {part}: predicted {predicted['memory'][0][part]} B, measured "
                   f"{every[0]['memory'][part]} B (rank 0); measured / predicted at most {ratio:.3f}")
+        if every[0]["memory"]["cuda_peak_growth"] is not None:
+            # what a step adds to the allocator's peak above what its start holds (the
+            # parameters and AdamW's state): its gradients, activations and FSDP2's gathered
+            # copies, and all it does not predict (the gradients of the activations, the
+            # logits, the communication buffers, the allocator's rounding)
+            ratio = max(e["memory"]["cuda_peak_growth"]
+                        / max(p["gradients"] + p["activations"] + p["unsharded"], 1)
+                        for e, p in zip(every, predicted["memory"]))
+            print(f"cost cuda peak: max_memory_allocated {every[0]['memory']['cuda_peak_growth']} B "
+                  "above the step's start (rank 0); over predicted gradients + activations + "
+                  f"unsharded at most {ratio:.3f}", flush=True)
         # the first step builds AdamW's state, the counted one runs under the counters
         after = 2
         timed = sorted(s for e in every for s in e["seconds"][after:]) or every[0]["seconds"]

@@ -2,7 +2,8 @@
 alone: the bytes every collective is given, the memory every rank holds, the step's FLOPs.
 torch only; train.py --cost prints these beside what cost_meter.py counts in a step. The
 prediction is for the run's dtype: with --bf16 the activations and their collectives are
-smaller.
+smaller; and for its device: the kernels of a CPU and of CUDA keep different tensors for
+the backward pass (predict_memory).
 
 "Bytes sent" is, for every collective, the size of the tensor a rank puts in: the shard
 it contributes to an all-gather, the whole tensor it offers to a reduce-scatter or an
@@ -197,31 +198,146 @@ def _fsdp_index(layout, args, at, experts=False):
     return n, (at["dp_shard"] * layout.cp + at["cp"]) * layout.ep + at["ep"]
 
 
-def predict_memory(c, layout, args, rank):
+def attention_kernel(c, args, device="cpu"):
+    """The kernel scaled_dot_product_attention runs for this model on this device type.
+
+    On the CPU: "cpu" (its flash kernel; an explicit mask, causal_lower_right's made into
+    bools, is kept for the backward pass). On CUDA, SDPA tries flash, then the
+    memory-efficient kernel, then the math one (sdp_utils.cpp in PyTorch's repository, not
+    shipped in the wheel; for a GPU of compute capability 8.0 or newer);
+    causal_lower_right (nn/attention/bias.py) asks the same two and, where both decline,
+    makes its mask and calls SDPA with it, which gets the math kernel. Flash takes only
+    float16 and bfloat16 (--bf16); the efficient kernel takes float32 but not grouped-query
+    attention (heads != kv_heads) and needs a head width that is a multiple of 4; float64
+    and what both decline get "math".
+    """
+    if device != "cuda":
+        return "cpu"
+    head, gqa = c.dim // c.heads, (c.kv_heads or c.heads) != c.heads
+    if args.bf16 and head <= 256:
+        return "flash"
+    if args.dtype == "float32" and not args.bf16 and not gqa and head % 4 == 0:
+        return "efficient"
+    return "math"
+
+
+def _attention(c, layout, args, at, rows, seq, kernel):
+    """Bytes one block's attention keeps for the backward pass, on one rank: q, k, v as the
+    kernel keeps them, its output, the copy wo gets, its per-row statistics, its masks.
+
+    The kernels' saved state is autograd's (derivatives.yaml): the CPU's flash, CUDA's flash
+    and the efficient kernel keep query, key, value, output and a float32 log-sum-exp per
+    query row, the efficient kernel's rounded up to a multiple of 32 rows per call (and
+    flash's head width padded to a multiple of 8); the CPU's also keeps its mask. CUDA's
+    flash returns its output laid out like the query, the efficient kernel's as (batch,
+    tokens, heads, width): wo's input is then a view, not a copy (_meta_registrations.py).
+    The math kernel (a composite of matmuls) keeps the scaled query, the scaled keys and the
+    values expanded to every query head, and the weights (queries x keys per head), no mask
+    and not its output (wo keeps it, or the copy it gets).
+    """
+    _, A = sizes(args)
+    t, cp = layout.tp, layout.cp
+    heads, kv_heads, width = c.heads // t, (c.kv_heads or c.heads) // t, c.dim // c.heads
+    keys = seq * cp  # every rank's keys under CP (gathered), this rank's otherwise
+    q = rows * seq * heads * width
+    if cp > 1:  # (queries, keys) of each call: this rank's two chunks, each up to its end
+        chunk = seq // 2
+        calls = [(chunk, (i + 1) * chunk) for i in (at["cp"], 2 * cp - 1 - at["cp"])]
+    else:
+        calls = [(seq, seq)]
+    copy = heads > 1 or cp > 1  # wo gets a (tokens, heads) copy of the output; else a view
+    if kernel == "math":
+        k = sum(rows * heads * n * width for _, n in calls)
+        v = k if heads != kv_heads else rows * keys * heads * width  # one tensor, sliced
+        weights = sum(rows * heads * m * n for m, n in calls)
+        return (q + k + v + weights + q) * A  # wo's input: its output, or a copy of it
+    pad = -(-width // 8) * 8 / width if kernel == "flash" else 1  # flash pads the head width
+    kv = 2 * rows * keys * kv_heads * width
+    if kernel == "efficient":
+        copy = cp > 1  # (batch, tokens, heads, width): a view for wo unless CP joins chunks
+        lse = sum(rows * heads * (-(-m // 32) * 32) for m, _ in calls)
+    else:
+        lse = rows * heads * seq
+    masks = 0
+    if kernel == "cpu" and cp > 1:  # causal_lower_right's bools, but for a chunk that ends on
+        # the diagonal (cp rank 0's first, a plain causal square)
+        masks = sum(m * n for m, n in calls if m != n)
+    return int((q + kv + q) * pad + copy * q) * A + lse * max(A, 4) + masks
+
+
+def _unsharded(c, layout, args, stage):
+    """FSDP2's gathered parameters and their gradients before the reduce-scatter, at most
+    at once on this rank (0 without FSDP2): each parameter's unsharded storage is its
+    padded size (every rank's padded shard), in the dtype FSDP2 computes in.
+
+    Outside a pipeline the root group (embedding, final norm) stays gathered from its
+    forward to the end of the backward (the root is not resharded after forward); each
+    block is gathered for its forward and again for its backward, where its gradients
+    exist until its reduce-scatter: root + a block + its gradients (and the final norm's
+    gradient, which the head's backward makes first), or, at the end, root and its
+    gradients; under EP a block's experts, a group of their own, are reduced first. Under
+    TP the embedding's gradient from its lookup comes back whole (every vocabulary row), tp
+    times its gathered rows, until tie_gradients cuts it. (The block a backward prefetches
+    waits in FSDP2's all-gather buffer, a communication buffer, not counted here.) Before
+    the last of several accumulation steps every gradient is kept unsharded. A pipeline
+    stage keeps all its groups gathered
+    (reshard_after_forward=False) and its gradients too, until the schedule's last backward.
+    """
+    if not _fsdp(layout, args):
+        return 0
+    B, A = sizes(args)
+    n = layout.dp_shard * layout.cp * layout.ep
+    blocks, experts, root, norm = {}, {}, 0, 0  # bytes gathered: by block, its experts apart
+    whole_emb = 0  # what the embedding's gradient holds beyond its gathered rows
+    for name, shape, group in stage_parameters(c, layout, stage, args.bf16):
+        ranks = n if not group.startswith("experts") else layout.dp_shard * layout.cp
+        gathered = _chunk(shape[0], ranks, 0)[0] * ranks * math.prod(shape[1:])
+        gathered *= B if group.startswith("router") else A
+        if group == "root":
+            root += gathered
+            norm += gathered if name == "norm" else 0  # its gradient exists from the head on
+            if name == "tok_emb" and stage == 0:  # under TP the lookup's gradient is whole
+                whole_emb = (layout.tp - 1) * gathered
+        else:
+            index = int("".join(ch for ch in group if ch.isdigit()))
+            part = experts if group.startswith("experts") else blocks
+            part[index] = part.get(index, 0) + gathered
+    whole = {i: blocks[i] + experts.get(i, 0) for i in blocks}
+    if layout.pp > 1:
+        return 2 * (root + sum(whole.values())) + whole_emb
+    if args.accumulate > 1:  # the last micro-step's backward starts with every gradient kept
+        # (the embedding's gradient kept between them is its gathered rows: counted so)
+        return 2 * root + sum(whole.values()) + whole[max(whole)]
+    # a block's experts (a group of their own under EP) are reduced and resharded before the
+    # rest of the block's gradients exist
+    peak = max(whole[i] + max(experts[i], blocks[i]) if i in experts else 2 * whole[i]
+               for i in whole)
+    return max(root + norm + peak, 2 * root + whole_emb)
+
+
+def predict_memory(c, layout, args, rank, device="cpu", kernel=None):
     """Bytes this rank holds: parameters (its shards), gradients (the same shapes), AdamW's
-    two moments and a step counter per tensor, and the activations autograd keeps.
+    two moments and a step counter per tensor, the activations autograd keeps, and FSDP2's
+    unsharded parameters and gradients at most at once (_unsharded). kernel: the attention
+    kernel to assume (default: the one attention_kernel finds for the device).
 
     Activations, in units of one rank's residual stream x (rows x tokens x dim), t = tp:
-    each RMSNorm keeps its input and the normalised input (x/t each under sequence
-    parallelism), and the next linear layer keeps that times the weight (x; gathered
-    over the sequence under TP); attention keeps q (x/t), k and v (kv_heads / heads x/t
-    each; every rank's under CP, cp times that), its output and the copy fed to wo (x/t
-    each; with one head a rank and no CP that copy is a view); the MLP keeps the GELU's
-    input and output (ffn x/t each); plus per-token statistics and the rotary tables.
-    Under CP, each of a rank's two chunks of queries keeps its causal_lower_right mask,
-    which SDPA makes on the CPU (bools; CUDA's kernels take the bias without one), but
-    for a chunk that ends on the diagonal (cp rank 0's first, a plain causal square); no
-    other attention mask exists (is_causal). The
-    ends add the token ids, the final norm and the log-softmax of the logits (1/t of
-    them under TP: loss_parallel never gathers them). A
-    pipeline stage holds min(micro-batches, stages - stage) micro-batches at once under
-    1F1B, all of them under GPipe. A checkpointed block keeps its input only.
+    each RMSNorm keeps, on the CPU, its input and the normalised input (x/t each under
+    sequence parallelism, float32 at least: the composite of torch's rms_norm); on CUDA
+    rms_norm dispatches to _fused_rms_norm, which keeps its input (in its own dtype) and
+    the float32 rstd (derivatives.yaml). The next linear layer keeps the norm's output (x;
+    gathered over the sequence under TP). Attention keeps what _attention says, by the
+    kernel attention_kernel picks; the MLP keeps the GELU's input and output (ffn x/t
+    each); plus the norms' rstd and the rotary tables. The ends add the token ids, the
+    final norm and the log-softmax of the logits (1/t of them under TP: loss_parallel never
+    gathers them). A pipeline stage holds min(micro-batches, stages - stage) micro-batches
+    at once under 1F1B, all of them under GPipe. A checkpointed block keeps its input only.
     Under EP the rows a rank's experts get depend on the routing: the figure is the
     balanced share (a rank's tokens x top_k), the mean over the EP group (under a
     pipeline, a stage's peak over micro-batches routed unevenly is above it).
-    With --bf16 the activations are bfloat16 but for what is kept in float32: the norms'
-    input and output (an RMSNorm computes in float32) and the per-token statistics of the
-    norms and of attention, the router's input and probabilities, the log-softmax.
+    With --bf16 the activations are bfloat16 but for what is kept in float32: the per-token
+    statistics, the router's input and probabilities, the log-softmax (and, on the CPU,
+    the norms' input and output).
     """
     B, A = sizes(args)
     F = max(A, 4)  # float32 at least
@@ -242,16 +358,11 @@ def predict_memory(c, layout, args, rank):
         in_flight = micro if args.schedule == "GPipe" else min(micro, layout.pp - stage)
     seq = c.seq // cp
     x = rows * seq * c.dim  # elements
-    norm = 2 * x // t * F + x * A  # bytes: a norm computes in float32 at least
-    kv = rows * seq * kv_dim(c)  # this rank's keys (and values), elements
-    stats = 2 * rows * seq // t + rows * c.heads // t * seq  # rstd, log-sum-exp
+    kernel = kernel or attention_kernel(c, args, device)
+    # bytes: a norm's own saved state, and the next linear layer's input
+    norm = (2 * x // t * F if device != "cuda" else x // t * A) + x * A
+    rstd = 2 * rows * seq // t  # the two norms' (float32 at least)
     rotary = 4 * seq * c.dim // c.heads // 2  # cos, sin (of q and k)
-    # q, attention's output and wo's input: a (heads, tokens) transposed copy of the output,
-    # or CP's two chunks joined; with one head a rank and no CP the input is a view of it
-    outputs = 2 if c.heads // t > 1 or cp > 1 else 1
-    per_block = (x + 2 * cp * kv + outputs * x) // t + rotary
-    # bytes: causal_lower_right's, for a chunk that does not end on the diagonal (rank 0's first)
-    masks = (seq // 2) ** 2 * (2 * cp + 1 - (at["cp"] == 0)) if cp > 1 else 0
     moe = 0  # bytes of the mixture of experts
     if c.experts:
         # the routed rows in, every expert's hidden layer (in and out), its rows out, and the
@@ -262,8 +373,9 @@ def predict_memory(c, layout, args, rank):
                + rows * seq * c.experts * F + 3 * choices * 8
                + (2 * rows * c.experts * F if c.aux_loss else 0))
     else:
-        per_block += 2 * c.ffn * x // t
-    block = 2 * norm + per_block * A + stats * F + masks + moe
+        moe = 2 * c.ffn * x // t * A
+    block = (2 * norm + _attention(c, layout, args, at, rows, seq, kernel) + rotary * A
+             + rstd * F + moe)
     if args.checkpoint_activations:  # a checkpointed block keeps its input, for the recompute
         block = x // t * A
     blocks = c.layers // layout.pp * block
@@ -271,7 +383,8 @@ def predict_memory(c, layout, args, rank):
     if last:  # the final norm, the log-softmax of the logits (float32 at least), the loss
         ends += norm + rows * seq // t * F + (rows * seq * c.vocab // t + 1) * F
     return {"parameters": params * B, "gradients": params * B,
-            "optimizer": (2 * params + count) * B, "activations": in_flight * (blocks + ends)}
+            "optimizer": (2 * params + count) * B, "activations": in_flight * (blocks + ends),
+            "unsharded": _unsharded(c, layout, args, stage)}
 
 
 def flops(c, args):
@@ -288,9 +401,11 @@ def flops(c, args):
     return 6 * matmul * sequences * c.seq + 12 * c.layers * c.dim * c.seq ** 2 * sequences
 
 
-def predict(config, layout, args):
-    """The prediction for every rank: bytes by kind, memory; and the FLOPs of a step."""
+def predict(config, layout, args, device="cpu"):
+    """The prediction for every rank: bytes by kind, memory on this device type (and the
+    attention kernel it assumes); and the FLOPs of a step."""
     ranks = range(layout.world)
     return {"bytes": [predict_bytes(config, layout, args, r) for r in ranks],
-            "memory": [predict_memory(config, layout, args, r) for r in ranks],
-            "flops": flops(config, args)}
+            "memory": [predict_memory(config, layout, args, r, device) for r in ranks],
+            "flops": flops(config, args), "device": device,
+            "attention": attention_kernel(config, args, device)}

@@ -405,8 +405,8 @@ def main():
     data = text_bytes(args.text)
     losses = []
     started = time.perf_counter()
-    meter = Meter(config, layout, args, stage, optimizer, predict(config, layout, args) if args.cost else None,
-                  enabled=args.cost)
+    prediction = predict(config, layout, args, device.type) if args.cost else None  # this device's
+    meter = Meter(config, layout, args, stage, optimizer, prediction, enabled=args.cost)
     for step in range(first, args.steps):
         meter.begin(step)
         x_all, y_all = batch_of(data, step, args, config.seq)
