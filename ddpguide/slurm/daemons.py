@@ -16,12 +16,14 @@ running, and stopped again when the last Slurm cluster is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ddpguide.cluster import netns
@@ -33,6 +35,10 @@ from ddpguide.slurm.config import FOLDERS, Layout, daemon_script
 START_TIMEOUT = 30.0
 STOP_GRACE = 10.0
 MUNGE_RECORD = FOLDERS / "munged.json"
+#: where the munge lock is (not in FOLDERS: a command that only looks there leaves it as it was)
+MUNGE_LOCK = Path("/run/lock/ddpguide-slurm-munged.lock")
+#: the longest a holder keeps the lock: starting munged, or stopping it (SIGTERM, then SIGKILL)
+LOCK_TIMEOUT = START_TIMEOUT + STOP_GRACE + 15.0
 MUNGE_SOCKET_DIR = Path("/run/munge")
 #: variables of the network cluster's commands that name one node's interface: a task that
 #: Slurm starts on another node must not inherit them
@@ -63,6 +69,27 @@ def munge_works() -> bool:
     return False
 
 
+@contextlib.contextmanager
+def munge_lock(timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """This machine's munge lock (``flock`` on :data:`MUNGE_LOCK`) for the ``with`` block,
+    waited for at most ``timeout`` s; released when its holder's process ends, however."""
+    MUNGE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(MUNGE_LOCK, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{MUNGE_LOCK} held for over {timeout:.0f} s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_munge() -> None:
     """Start munged as its own user when it does not answer, and remember that it was ours."""
     if munge_works():
@@ -81,13 +108,16 @@ def ensure_munge() -> None:
 
 def stop_munge_if_last() -> None:
     """Stop the munged this package started, once no Slurm cluster's folder is left."""
-    if any(p.is_dir() for p in FOLDERS.glob("*")) or not MUNGE_RECORD.exists():
+    if not MUNGE_RECORD.exists():  # none started; one started from now on is another's
         return
-    with contextlib.suppress(OSError, ValueError):
-        record = json.loads(MUNGE_RECORD.read_text())
-        if netns.start_time(record["pid"]) == record["start"]:
-            stop_pid(record["pid"])
-    MUNGE_RECORD.unlink(missing_ok=True)
+    with munge_lock():
+        if any(p.is_dir() for p in FOLDERS.glob("*")) or not MUNGE_RECORD.exists():
+            return
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(MUNGE_RECORD.read_text())
+            if netns.start_time(record["pid"]) == record["start"]:
+                stop_pid(record["pid"])
+        MUNGE_RECORD.unlink(missing_ok=True)
 
 
 def start(cluster: Cluster, layout: Layout, node: Node, command: list[str]) -> None:

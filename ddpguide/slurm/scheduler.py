@@ -136,6 +136,14 @@ def write_folder(slurm_layout: Layout, cluster: Cluster, cpus: int) -> None:
     write_atomically(slurm_layout.folder / "cgroup.conf", cgroup_conf())
 
 
+def make_folder(slurm_layout: Layout, cluster: Cluster, cpus: int) -> None:
+    """The cluster's folder, then munge answering, both under the munge lock: a cluster
+    removed meanwhile (:func:`daemons.stop_munge_if_last`) sees this folder and keeps munge."""
+    with daemons.munge_lock():
+        write_folder(slurm_layout, cluster, cpus)
+        daemons.ensure_munge()
+
+
 @contextlib.contextmanager
 def up(spec: Spec, *, cpus: int = 2) -> Iterator[Slurm]:
     """A Slurm cluster on ``spec``'s nodes, each with ``cpus`` CPUs, for the ``with`` block.
@@ -151,8 +159,7 @@ def up(spec: Spec, *, cpus: int = 2) -> Iterator[Slurm]:
         with cluster_up(spec, holder=HOLDER) as cluster:
             slurm_layout = layout(cluster.run_id)
             try:
-                write_folder(slurm_layout, cluster, cpus)
-                daemons.ensure_munge()
+                make_folder(slurm_layout, cluster, cpus)
                 daemons.start_all(cluster, slurm_layout)
                 slurm = Slurm(cluster, slurm_layout, cpus)
                 slurm.wait_for_states("idle", READY_TIMEOUT)

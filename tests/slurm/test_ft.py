@@ -81,7 +81,7 @@ def test_the_run_refuses_a_cluster_without_a_spare_node():
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @needs_slurm
-def test_a_group_whose_node_is_lost_is_requeued_and_heals_while_the_other_commits(tmp_path):
+def test_a_group_whose_node_is_lost_is_requeued_and_heals_while_the_other_commits(tmp_path, slurm_machine):
     with up(Spec(nodes=ft.NODES)) as slurm:
         run = ft.group_lost(slurm, tmp_path)
     failed = {c["name"]: c["problems"] for c in run.report["checks"] if not c["ok"]}

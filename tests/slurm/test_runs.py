@@ -16,7 +16,7 @@ EPOCHS = 2  # as chapter 18's runs: the stop lands a few steps into the second, 
 
 
 @pytest.fixture(scope="module")
-def slurm():
+def slurm(slurm_machine):
     with up(Spec(nodes=3)) as running:
         yield running
 

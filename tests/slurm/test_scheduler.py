@@ -74,7 +74,7 @@ def left_of(run_id: str) -> list[str]:
      "error: argument --cluster: no live Slurm cluster 'zzzzz' (live: "),
     (["down", "--cluster", "zzzzz"], "error: argument --cluster: no live Slurm cluster 'zzzzz'"),
 ])
-def test_bad_input_is_one_line_and_makes_nothing(argv, message, capsys):
+def test_bad_input_is_one_line_and_makes_nothing(argv, message, capsys, slurm_machine):
     before = state()
     try:
         code = main(argv)
@@ -117,9 +117,48 @@ def test_configuration_names_every_node_and_the_short_timeouts():
         assert setting in text.splitlines()
 
 
+def test_a_cluster_removed_while_another_is_made_never_stops_its_munge(tmp_path, monkeypatch):
+    """Two clusters at once (two test workers): the one removed last checks that no folder is
+    left and stops munge; the one being made writes its folder and finds munge answering.
+    Unlocked, the second can fall between the first's check and its kill, and its daemons
+    then start with no munge. Under the lock, the stop ends first and the cluster being
+    made finds munge stopped (and starts it)."""
+    import threading
+    from types import SimpleNamespace
+
+    from ddpguide.cluster.spec import names
+    from ddpguide.slurm import daemons, scheduler
+
+    monkeypatch.setattr(daemons, "FOLDERS", tmp_path)
+    monkeypatch.setattr(daemons, "MUNGE_RECORD", tmp_path / "munged.json")
+    monkeypatch.setattr(daemons, "MUNGE_LOCK", tmp_path / "munged.lock")
+    (tmp_path / "munged.json").write_text('{"pid": 4242, "start": 7}')
+    monkeypatch.setattr(daemons.netns, "start_time", lambda pid: 7)
+    events: list[str] = []
+    monkeypatch.setattr(daemons, "ensure_munge", lambda: events.append("munge found answering"))
+    cluster = SimpleNamespace(run_id="abcde", nodes=names("abcde", Spec(nodes=2))[1])
+    made = threading.Event()
+
+    def make() -> None:
+        scheduler.make_folder(config.Layout(tmp_path / "abcde"), cluster, 2)  # type: ignore[arg-type]
+        made.set()
+
+    def stop_pid(pid: int) -> None:  # the moment between the check and the kill
+        other = threading.Thread(target=make)
+        other.start()
+        made.wait(2.0)
+        events.append(f"munged {pid} stopped")
+
+    monkeypatch.setattr(daemons, "stop_pid", stop_pid)
+    daemons.stop_munge_if_last()
+    assert made.wait(10.0)
+    assert events == ["munged 4242 stopped", "munge found answering"]
+    assert (tmp_path / "abcde" / "slurm.conf").exists() and not (tmp_path / "munged.json").exists()
+
+
 @needs_slurm
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_up_gives_a_working_slurm_and_leaves_nothing(nodes, tmp_path):
+def test_up_gives_a_working_slurm_and_leaves_nothing(nodes, tmp_path, slurm_machine):
     before = state()
     with up(Spec(nodes=nodes)) as slurm:
         assert slurm.states() == {f"node{k}": "idle" for k in range(nodes)}
@@ -156,7 +195,7 @@ def command(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess[str]
 
 
 @needs_slurm
-def test_the_commands_run_on_node0_and_down_removes_everything():
+def test_the_commands_run_on_node0_and_down_removes_everything(slurm_machine):
     before = state()
     proc = start_driver()
     try:
@@ -177,7 +216,7 @@ def test_the_commands_run_on_node0_and_down_removes_everything():
 
 @needs_slurm
 @pytest.mark.parametrize("when", ["ready", "starting"])
-def test_a_killed_driver_is_cleaned_by_the_next_down(when):
+def test_a_killed_driver_is_cleaned_by_the_next_down(when, slurm_machine):
     before = state()
     proc = start_driver()
     try:
