@@ -352,7 +352,7 @@ def at_peak(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, ba
       (reduce-scattered when the whole backward ends), the block in use and the next one's
       all-gather, one logits-sized gradient.
     - A pipeline's step() returning: its outputs and their merge (torch.cat of output_chunks,
-      schedules.py:1006-1007), beside the weights, gradients and AdamW state.
+      schedules.py:1006-1007, microbatch.py:643), beside the weights, gradients and AdamW state.
     - The optimizer's step: weights, gradients, AdamW state, DDP's buckets."""
     mem = plan_cost.memory(m, lay, pol, batch, seq, rank)
     stage = plan_cost.coordinates(lay, rank)["pp"]

@@ -1,10 +1,15 @@
 """The terms of plan_cost.memory and plan_step.at_peak that torch's own source puts at the peak,
 each against a byte count made by hand for the checks' GPT (2 blocks, dim 32, vocabulary 256,
-tied; float64; batch 8, sequence 16). The source lines are cited beside each term."""
+tied; float64; batch 8, sequence 16), and against torch's own code run on one rank (a gloo group
+of one in this process): the term's bytes are what torch holds. The source lines are cited beside
+each term, in plan_cost.py and plan_step.py."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from ddpguide.plan import catalog, search
 
@@ -19,6 +24,18 @@ def p():
 @pytest.fixture(scope="module")
 def gpt(p):
     return catalog.model(p, "gpt-check"), catalog.policy(p, "float64")
+
+
+@pytest.fixture
+def one_rank():
+    """A gloo group of one rank in this process, and its one-rank device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_pipelines_last_stage_keeps_every_micro_batchs_logits(p, gpt):
@@ -90,3 +107,66 @@ def test_pp_x_tp_last_stage_by_hand(p, gpt):
     logits = 4 * SEQ * 128 * F64
     assert alive["outputs"] == 2 * logits and alive["temporaries"] == 3 * logits
     assert alive["activations"] > 0 and alive["fsdp_unsharded"] == 0
+
+
+def test_torchs_pipeline_stage_keeps_what_outputs_counts(p, gpt, one_rank):
+    """A one-stage pipeline (the logits' layer alone) after its step: output_chunks holds every
+    micro-batch's logits, the bytes plan_step.outputs counts for a last stage."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    model, pol = gpt
+    for schedule, m in ((ScheduleGPipe, 4), (Schedule1F1B, 2)):
+        head = torch.nn.Linear(model.dim, model.vocab, bias=False, dtype=torch.float64)
+        stage = PipelineStage(head, 0, 1, torch.device("cpu"))
+        run = schedule(stage, m, loss_fn=lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten()))
+        run.step(torch.randn(BATCH, SEQ, model.dim, dtype=torch.float64),
+                 target=torch.randint(0, model.vocab, (BATCH, SEQ)))
+        kept = sum(chunk.untyped_storage().nbytes() for chunk in stage.output_chunks)
+        lay = p.Layout(pp=2, microbatches=m, schedule="GPipe" if schedule is ScheduleGPipe else "1F1B")
+        assert len(stage.output_chunks) == m and kept == p.outputs(model, lay, pol, BATCH, SEQ, 1)
+
+
+def test_torchs_loss_parallel_holds_what_loss_gradients_counts(p, gpt, one_rank):
+    """The cross-entropy's backward under torch's MemTracker, vocabulary-sharded on a mesh of one
+    under loss_parallel and plain: the temporaries at its peak are loss_gradients logits each."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    model, _ = gpt
+    rows = BATCH * SEQ
+    for lay in (p.Layout(tp=2), p.Layout()):
+        logits = torch.randn(rows, model.vocab, dtype=torch.float64, requires_grad=True)
+        target = torch.randint(0, model.vocab, (rows,))
+        sharded = lay.tp > 1
+        x = distribute_tensor(logits, one_rank, [Shard(1)]) if sharded else logits
+        tracker = MemTracker()
+        with tracker, (loss_parallel() if sharded else torch.enable_grad()):
+            F.cross_entropy(x, target).backward()
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+        temp = next(v for k, v in peak.items() if getattr(k, "value", k) == "Temp")
+        assert round(temp / (rows * model.vocab * F64)) == p.loss_gradients(lay), (lay, temp)
+
+
+def test_torchs_fsdp2_over_one_rank_holds_what_fsdp_unsharded_counts(p, gpt, one_rank):
+    """FSDP2 on a mesh of one, as a pipeline's stage runs a micro-batch (reshard_after_forward
+    and gradient sync off, no reshard after backward), under FSDPMemTracker: unsharded
+    parameters and gradients beside the sharded ones, the bytes plan_cost.memory counts for PP x
+    HSDP's stage, and no sharded gradient (at_peak counts none)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import fully_shard
+
+    _, pol = gpt
+    net = torch.nn.Sequential(*(torch.nn.Linear(a, b, dtype=torch.float64) for a, b in ((32, 64), (64, 32))))
+    for module in (*net, net):
+        fully_shard(module, mesh=one_rank, reshard_after_forward=False)
+    net.set_requires_gradient_sync(False)
+    net.set_reshard_after_backward(False)
+    tracker = FSDPMemTracker(net, torch.optim.AdamW(net.parameters()))
+    with tracker:
+        net(torch.randn(4, 32, dtype=torch.float64)).sum().backward()
+        now = {str(getattr(k, "value", k)): v for k, v in tracker.get_tracker_snapshot()[torch.device("cpu")].items()}
+    whole = sum(t.numel() for t in net.parameters())
+    assert now["Sharded Param"] == whole * pol.param
+    assert now["Unsharded Param"] + now["Unsharded Grad"] == whole * (pol.compute + pol.reduce)
+    assert now.get("Sharded Grad", 0) == 0 and now.get("Gradient", 0) == 0
