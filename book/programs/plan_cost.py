@@ -64,6 +64,7 @@ class Layout:
     loss_parallel: bool = True  # the logits stay split over tp (train.py's, torchtitan's loss)
     accumulate: int = 1  # micro-steps a step, gradients synchronised once (a pipeline: more micro-batches)
     zero: int = 0  # 1: AdamW's state split over the dp_replicate ranks (ZeRO-1), weights gathered after
+    engine: str = "torch"  # torch's pipelining, FSDP2, loss_parallel (train.py, torchtitan); or "nanotron"
 
     def sizes(self) -> dict:
         """Each axis's size, outermost first."""
@@ -263,8 +264,7 @@ def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int =
     at_peak: the ones alive at once). fsdp_unsharded: FSDP's gathered weights as the backward
     starts (the root's own, never resharded, and the block in use; a pipeline keeps the stage
     gathered, gradients too); communication: DDP's buckets (a copy of every gradient) or FSDP's
-    prefetched all-gather of the next block; temporaries: the gradient of the logits and of
-    their log-softmax."""
+    prefetched all-gather of the next block; temporaries: the loss's logits-sized gradients."""
     at = coordinates(lay, rank)
     stage = at["pp"]
     dense_n = lay.dp_shard * lay.cp * lay.ep if fsdp_on(lay) else 1
@@ -287,7 +287,8 @@ def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int =
            "optimizer": (2 * params / split + count) * pol.state,  # AdamW's two moments, a step counter each
            "activations": act}
     unsharded, buffers = 0.0, 0.0
-    if fsdp_on(lay) and dense_n > 1:
+    # a shard group of one (PP x HSDP) copies too: fsdp/_fully_shard/_fsdp_param_group.py:447, world_size == 1
+    if fsdp_on(lay) and (dense_n > 1 or (lay.pp > 1 and lay.engine == "torch")):
         if lay.pp > 1:  # reshard_after_forward=False: the stage stays gathered, grads too
             unsharded = whole * (pol.compute + pol.reduce)
         else:  # the root's weights and the block in use; the next block's all-gather
@@ -298,9 +299,14 @@ def memory(m: Model, lay: Layout, pol: Policy, batch: int, seq: int, rank: int =
     if pol.compute != pol.param and not fsdp_on(lay):
         out["fsdp_unsharded"] = whole * pol.compute  # a low-precision copy of the weights
     out["communication"] = buffers
-    vocab = m.vocab // lay.tp if lay.loss_parallel else m.vocab
-    out["temporaries"] = 2 * rows * seq // lay.cp * vocab * max(pol.compute, 4) * (stage == lay.pp - 1)
+    vocab = (m.vocab // lay.tp if lay.loss_parallel else m.vocab) * (stage == lay.pp - 1)  # the last stage's
+    out["temporaries"] = loss_gradients(lay) * rows * seq // lay.cp * vocab * max(pol.compute, 4)
     return out
+
+
+def loss_gradients(lay: Layout) -> int:
+    """Logits-sized gradients the loss's backward holds; 3 under loss_parallel (tensor/parallel/loss.py:470, 518)."""
+    return 3 if lay.tp > 1 and lay.loss_parallel and lay.engine == "torch" else 2
 
 
 def ring(kind: str, n: int, gloo: bool = False) -> tuple:

@@ -321,34 +321,62 @@ def stage_memory(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Polic
     return [plan_cost.memory(m, lay, pol, batch, seq, stage * per_stage) for stage in range(lay.pp)]
 
 
+def outputs(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int,
+            stage: int) -> float:
+    """Bytes of the outputs a pipeline's last stage keeps until the next step: every micro-batch's
+    logits, in the compute dtype (1/tp of the vocabulary under loss_parallel). torch 2.14.1's
+    PipelineStage.forward_one_chunk appends each ("if self.is_last and save_forward_output:
+    self.output_chunks.append(output)", torch/distributed/pipelining/stage.py:999-1000, on by
+    default: step(return_outputs=True)), the schedule merges them into step()'s return value
+    (schedules.py:1006-1007) and the next step() clears them (schedules.py:984, stage.py:703)."""
+    if lay.pp == 1 or stage != lay.pp - 1 or lay.engine != "torch":
+        return 0
+    vocab = m.vocab // lay.tp if lay.loss_parallel else m.vocab
+    return batch // lay.data_parallel * seq // lay.cp * vocab * pol.compute
+
+
 def at_peak(m: plan_cost.Model, lay: plan_cost.Layout, pol: plan_cost.Policy, batch: int, seq: int,
             rank: int = 0) -> dict:
     """The components of plan_cost.memory(...) alive at once at the rank's peak: the largest of
-    three moments of the step. Gradients are alive before the optimizer's step only when several
-    micro-batches accumulate them (zero_grad sets them to None).
-    - The loss's backward: the activations, the two logits-sized gradients, the root's gathered
+    the moments of the step below. Gradients are alive before the optimizer's step only when
+    several micro-batches accumulate them (zero_grad sets them to None), and under FSDP in a
+    pipeline not even then: each micro-batch's backward runs with set_requires_gradient_sync(False)
+    (torch/distributed/pipelining/stage.py:936-939, backward_maybe_with_nosync), so they add up in
+    the unsharded gradients (fsdp_unsharded) and the sharded ones appear only when
+    perform_reduce_grad reduce-scatters after the last micro-batch (stage.py:1262-1275,
+    schedules.py:1388). A pipeline's last stage holds its outputs (every micro-batch's logits) at
+    each moment.
+    - The loss's backward: the activations, the logits-sized gradients, the root's gathered
       weights (the blocks are resharded after their forward), DDP's buckets.
     - FSDP's last block's backward: the head's activations freed, the root's unsharded gradient
       (reduce-scattered when the whole backward ends), the block in use and the next one's
       all-gather, one logits-sized gradient.
+    - A pipeline's step() returning: its outputs and their merge (torch.cat of output_chunks,
+      schedules.py:1006-1007, microbatch.py:643), beside the weights, gradients and AdamW state.
     - The optimizer's step: weights, gradients, AdamW state, DDP's buckets."""
     mem = plan_cost.memory(m, lay, pol, batch, seq, rank)
     stage = plan_cost.coordinates(lay, rank)["pp"]
     rows = batch // lay.data_parallel // lay.passes
-    alive = {"parameters": mem["parameters"], "gradients": mem["gradients"] * (lay.passes > 1),
-             "optimizer": mem["optimizer"], "activations": mem["activations"]}
     fsdp = plan_cost.fsdp_on(lay)
+    accumulated = lay.passes > 1 and not (fsdp and lay.pp > 1 and lay.engine == "torch")
+    mem["outputs"] = outputs(m, lay, pol, batch, seq, stage)
+    alive = {"parameters": mem["parameters"], "gradients": mem["gradients"] * accumulated,
+             "optimizer": mem["optimizer"], "activations": mem["activations"], "outputs": mem["outputs"]}
     ddp = 0 if fsdp else mem["communication"]
     gathered = mem["fsdp_unsharded"]
     prefetch = fsdp and lay.pp == 1 and mem["communication"] > 0  # blocks resharded after forward
     root = plan_cost.root_parameters(m, lay, stage) * pol.compute if prefetch else gathered
+    stored = {k: mem[k] for k in ("parameters", "gradients", "optimizer", "outputs")}
     moments = [dict(alive, fsdp_unsharded=root, communication=ddp, temporaries=mem["temporaries"]),
-               {k: mem[k] for k in ("parameters", "gradients", "optimizer")} | {"communication": ddp}]
+               stored | {"communication": ddp}]
+    if lay.pp > 1:
+        moments.append(stored | {"outputs": 2 * mem["outputs"]})
     if prefetch:
         head = plan_cost.head(m, lay, pol, rows, seq // lay.cp, stage)
         moments.append(dict(alive, activations=mem["activations"] - head,
                             fsdp_unsharded=gathered + root / pol.compute * pol.reduce,
-                            communication=mem["communication"], temporaries=mem["temporaries"] / 2))
+                            communication=mem["communication"],
+                            temporaries=mem["temporaries"] / plan_cost.loss_gradients(lay)))
     return max(moments, key=lambda parts: sum(parts.values()))
 
 

@@ -136,9 +136,11 @@ def _torchtitan(p: ModuleType, catalog: ModuleType) -> list[dict]:
 
 def playbook_layout(p: ModuleType, dp: int, tp: int, pp: int, gas: int, zero: int) -> Any:
     """nanotron's layout in the program's terms: DP replicas (ZeRO-1 splits AdamW's state),
-    TP with sequence parallelism and a vocabulary-parallel loss, 1F1B over gas micro-batches."""
+    TP with sequence parallelism and a vocabulary-parallel loss, 1F1B over gas micro-batches,
+    run by nanotron's own engine (none of the tensors only torch's pipelining, FSDP2 and
+    loss_parallel hold)."""
     return p.Layout(pp=pp, dp_replicate=dp, tp=tp, microbatches=gas if pp > 1 else 1,
-                    accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1)
+                    accumulate=1 if pp > 1 else gas, zero=zero, loss_parallel=tp > 1, engine="nanotron")
 
 
 def _policy(p: ModuleType) -> Any:

@@ -16,7 +16,7 @@ from ddpguide.plan.hardware import named
 
 COLOURS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer": "#55a868",
            "activations": "#c44e52", "fsdp_unsharded": "#8172b3", "communication": "#937860",
-           "temporaries": "#da8bc3"}
+           "temporaries": "#da8bc3", "outputs": "#ccb974"}
 
 
 def _bar(memory: dict[str, float], limit: float, width: int = 260) -> str:
