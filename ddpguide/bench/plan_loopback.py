@@ -17,8 +17,8 @@ sequence 64, batch 8 and sequence 128, batch 16, predicted on a table of this ma
 at compute shares spread from under a quarter of the step to over three quarters: 0.08
 (CP 2, 32 wide), 0.15 (FSDP 2, 32), 0.30 (TP 2, 64), 0.41 (PP 2, 128), 0.60 (CP 2, 128),
 0.70 (TP 2, 256), 0.86 (FSDP 2, 256), 0.95 (DDP 2, 512). Their measured steps played no
-part in the choice. Three of the earlier four (CP 4, TP 4, DDP 4; and DDP 2 at 768 wide) put
-four ranks on two cores.
+part in the choice. The earlier four were CP 4, TP 4 and DDP 4, four ranks on two cores,
+and DDP 2 at 768 wide.
 
 ``python -m ddpguide.bench.plan_loopback --add FILE`` runs these alone and puts them into a
 saved report of the plan suite in place of its loopback rows: the cluster's rows stay as
