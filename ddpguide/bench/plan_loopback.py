@@ -10,6 +10,16 @@ with as many ranks (the matmul table, the cores busy processes got, the loopback
 ``step_predicted_over_measured_loopback``, ``rank_correlation_loopback``). No prediction reads
 the step it predicts.
 
+The layouts were chosen from predictions alone, before any of them was measured for this
+check: every plain layout of two ranks (DDP, FSDP, TP, CP, PP) of GPTs 32 to 512 wide at
+sequence 64, batch 8 and sequence 128, batch 16, predicted on a table of this machine
+(``--measure --ranks 2`` and ``--sweep``, 2026-12-07 23:12 UTC), and one of each kind taken
+at compute shares spread from under a quarter of the step to over three quarters: 0.08
+(CP 2, 32 wide), 0.15 (FSDP 2, 32), 0.30 (TP 2, 64), 0.41 (PP 2, 128), 0.60 (CP 2, 128),
+0.70 (TP 2, 256), 0.86 (FSDP 2, 256), 0.95 (DDP 2, 512). Their measured steps played no
+part in the choice. The earlier four were CP 4, TP 4 and DDP 4, four ranks on two cores,
+and DDP 2 at 768 wide.
+
 ``python -m ddpguide.bench.plan_loopback --add FILE`` runs these alone and puts them into a
 saved report of the plan suite in place of its loopback rows: the cluster's rows stay as
 they were measured, and the doubled terms and compute shares are scored again over both
@@ -33,9 +43,11 @@ from ddpguide.plan import calibrate, catalog, checks, measure, perturb, saved, s
 from ddpguide.plan.checks import TIME_BATCH, TIME_MODEL, TIME_SEQ
 
 #: the time check on loopback (no link limit): (the GPT's width, ranks, sequence, batch, layout),
-#: chosen so that predicted compute runs from a small share of the step to nearly all of it
+#: two ranks each (one a core: four on two cores is oversubscription the model does not price),
+#: in the order of their predicted compute share (see the module's docstring)
 LOOPBACK: tuple[tuple[int, int, int, int, str], ...] = (
-    (32, 4, 64, 8, "CP 4"), (128, 4, 64, 8, "TP 4"), (128, 4, 64, 8, "DDP 4"), (768, 2, 128, 16, "DDP 2"))
+    (32, 2, 64, 8, "CP 2"), (32, 2, 64, 8, "FSDP 2"), (64, 2, 64, 8, "TP 2"), (128, 2, 64, 8, "PP 2, 1F1B m2"),
+    (128, 2, 128, 16, "CP 2"), (256, 2, 128, 16, "TP 2"), (256, 2, 128, 16, "FSDP 2"), (512, 2, 128, 16, "DDP 2"))
 #: seconds of each window in which all of a run's ranks time a matmul together, before each step
 RATE_WINDOW = 0.5
 #: what ``--add`` replaces in a saved report: these measurements and ratios

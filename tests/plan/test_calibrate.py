@@ -124,3 +124,18 @@ def test_a_core_share_off_2x_moves_a_loopback_prediction_out_of_band(p):
         if right["compute"] / right["total"] >= 0.4:
             assert planted > 1.25, found["name"]
     assert moved >= 1
+
+
+def test_the_loopback_layouts_are_two_ranks_and_their_tables_predict_compute_across_the_step(p):
+    """Each loopback layout has at most two ranks (one a core of this machine's two: four there
+    oversubscribe them) and is one train.py runs with its defaults; predicted from the tables
+    measured before their runs, as saved, compute is under a quarter of some steps and over
+    three quarters of others."""
+    pol = catalog.policy(p, "float32")
+    shares = []
+    for model, lay, hw, batch, seq, found in _saved_loopback(p):
+        assert lay.world <= 2, found["name"]
+        step = p.step(model, lay, pol, hw, batch, seq)
+        assert step["total"] * 1e3 == pytest.approx(found["details"]["table_predicted_ms"])
+        shares.append(step["compute"] / step["total"])
+    assert min(shares) < 0.25 and max(shares) > 0.75
