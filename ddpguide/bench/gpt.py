@@ -6,7 +6,8 @@ Every case runs ``book/programs/gpt/train.py --cost`` (float32, a width where ma
 dominate, 1 thread a rank):
 
 * ``mfu_one_process``: the step's model FLOPs (6 x parameters x tokens + attention) per
-  second in one process, over the matmul peak that process measured in the same run;
+  second in one process, over the matmul peak that process measured in the same run (the
+  best of a burst before the first step and one after the last);
 * gloo's latency-bandwidth model, fitted to timed all-reduces on 2 and 4 ranks
   (:func:`ddpguide.bench.allreduce.measure`), and each layout's step time predicted
   over the measured step, ``step_time_predicted_over_measured_<layout>``: the same
